@@ -1,0 +1,5 @@
+//! drafs: the attributes of a pod's DRA-allocated devices, as files.
+
+pub mod names;
+pub mod objects;
+pub mod resolve;
