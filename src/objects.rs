@@ -61,7 +61,16 @@ impl FileObjects {
     pub fn parse(path: &str, text: &str) -> Result<Self, LoadError> {
         let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
             Ok(v) => vec![v],
-            Err(_) => serde_saphyr::from_multiple::<Value>(text).map_err(|e| LoadError::Parse {
+            // YAML 1.2 booleans only: a node named `n` or `y` stays a string.
+            Err(_) => serde_saphyr::from_multiple_with_options::<Value>(
+                text,
+                {
+                    let mut options = serde_saphyr::Options::default();
+                    options.strict_booleans = true;
+                    options
+                },
+            )
+            .map_err(|e| LoadError::Parse {
                 path: path.to_string(),
                 message: e.to_string(),
             })?,

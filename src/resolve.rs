@@ -87,6 +87,13 @@ impl AttrValue {
     }
 }
 
+/// An attribute with the key as the slice wrote it (the standard metadata view keeps it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attribute {
+    pub key: String,
+    pub value: AttrValue,
+}
+
 /// Network data and driver data from the claim's `status.devices`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -114,7 +121,7 @@ pub struct ResolvedDevice {
     pub pool: String,
     pub device: String,
     pub share_id: Option<String>,
-    pub attributes: BTreeMap<QualifiedName, AttrValue>,
+    pub attributes: BTreeMap<QualifiedName, Attribute>,
     pub capacity: BTreeMap<QualifiedName, String>,
     pub status: Option<DeviceStatus>,
 }
@@ -473,7 +480,7 @@ fn resolve_device(
             .and_then(|name| AttrValue::from_api(attr).map(|value| (name, value)));
         match parsed {
             Ok((name, value)) => {
-                attributes.insert(name, value);
+                attributes.insert(name, Attribute { key: key.clone(), value });
             }
             Err(why) => out.warnings.push(format!("{context}: attribute {key:?} skipped: {why}")),
         }
@@ -588,12 +595,12 @@ status:
         let d0 = &gpu.devices[0];
         assert_eq!((d0.request.as_str(), d0.full_request.as_str(), d0.index, d0.device.as_str()), ("gpu", "gpu/large", 0, "g1"));
         let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
-        assert_eq!(d0.attributes[&uuid], AttrValue::String("G1".into()), "stale generation must not win");
+        assert_eq!(d0.attributes[&uuid].value, AttrValue::String("G1".into()), "stale generation must not win");
         let numa = QualifiedName::parse("numa", "gpu.example.com").unwrap();
-        assert_eq!(d0.attributes[&numa].to_text(), "0,1");
+        assert_eq!(d0.attributes[&numa].value.to_text(), "0,1");
         assert_eq!(d0.capacity[&QualifiedName::parse("memory", "gpu.example.com").unwrap()], "80Gi");
         assert_eq!(gpu.devices[1].index, 1);
-        assert_eq!(gpu.devices[1].attributes[&uuid], AttrValue::String("G0".into()));
+        assert_eq!(gpu.devices[1].attributes[&uuid].value, AttrValue::String("G0".into()));
         // hostile and unknown-typed attributes are skipped with a warning each
         assert_eq!(d0.attributes.len(), 4);
         assert!(res.warnings.iter().any(|w| w.contains("../escape")), "{:?}", res.warnings);

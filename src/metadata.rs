@@ -1,0 +1,197 @@
+//! The standard (KEP-5304) device metadata view.
+//!
+//! Kubernetes 1.36+ lets drivers built on the kubelet plugin library publish
+//! `<request>/<driver>-metadata.json` under `/var/run/kubernetes.io/dra-device-attributes`.
+//! drafs writes the same files for every driver, so consumers of the standard
+//! (KubeVirt's virt-launcher, for one) work on any cluster.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{Value, json};
+
+use crate::names::is_dns_subdomain;
+use crate::resolve::{ResolvedClaim, ResolvedDevice, Resolution};
+use crate::tree::Tree;
+
+pub const API_VERSIONS: [&str; 2] = ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
+
+/// Per-file generation counters: start at 1, grow whenever a file's content changes.
+#[derive(Debug, Default, Clone)]
+pub struct Generations {
+    last: HashMap<String, (Value, i64)>,
+}
+
+impl Generations {
+    fn next(&mut self, path: &str, content: &Value) -> i64 {
+        match self.last.get_mut(path) {
+            Some((old, generation)) if old == content => *generation,
+            Some((old, generation)) => {
+                *old = content.clone();
+                *generation += 1;
+                *generation
+            }
+            None => {
+                self.last.insert(path.to_string(), (content.clone(), 1));
+                1
+            }
+        }
+    }
+}
+
+fn device_metadata(device: &ResolvedDevice) -> Value {
+    let attributes: serde_json::Map<String, Value> = device
+        .attributes
+        .values()
+        .map(|a| (a.key.clone(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
+        .collect();
+    let mut out = json!({
+        "driver": device.driver,
+        "pool": device.pool,
+        "name": device.device,
+        "attributes": attributes,
+    });
+    if let Some(status) = &device.status {
+        let mut net = serde_json::Map::new();
+        if let Some(v) = &status.interface_name {
+            net.insert("interfaceName".into(), json!(v));
+        }
+        if !status.ips.is_empty() {
+            net.insert("ips".into(), json!(status.ips));
+        }
+        if let Some(v) = &status.hardware_address {
+            net.insert("hardwareAddress".into(), json!(v));
+        }
+        if !net.is_empty() {
+            out["networkData"] = Value::Object(net);
+        }
+    }
+    out
+}
+
+/// The path of one claim's file for a request and driver.
+fn file_path(claim: &ResolvedClaim, request: &str, driver: &str) -> String {
+    if claim.from_template {
+        format!("resourceclaimtemplates/{}/{request}/{driver}-metadata.json", claim.pod_claim)
+    } else {
+        format!("resourceclaims/{}/{request}/{driver}-metadata.json", claim.claim_name)
+    }
+}
+
+/// Build the metadata view of a resolution; `warnings` receives what was skipped.
+pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec<String>) -> Tree {
+    let mut tree = Tree::default();
+    for claim in &res.claims {
+        if !claim.from_template && !is_dns_subdomain(&claim.claim_name) {
+            warnings.push(format!("metadata view: ResourceClaim name {:?} skipped: not a DNS subdomain", claim.claim_name));
+            continue;
+        }
+        // (request dir, driver) -> full request name -> devices, in allocation order.
+        let mut files: BTreeMap<(&str, &str), Vec<(&str, Vec<Value>)>> = BTreeMap::new();
+        for device in &claim.devices {
+            if !is_dns_subdomain(&device.driver) {
+                warnings.push(format!("metadata view: driver {:?} skipped: not a DNS subdomain", device.driver));
+                continue;
+            }
+            let requests = files.entry((device.request.as_str(), device.driver.as_str())).or_default();
+            match requests.iter_mut().find(|(name, _)| *name == device.full_request) {
+                Some((_, devices)) => devices.push(device_metadata(device)),
+                None => requests.push((device.full_request.as_str(), vec![device_metadata(device)])),
+            }
+        }
+        for ((request, driver), requests) in files {
+            let path = file_path(claim, request, driver);
+            let requests: Vec<Value> =
+                requests.into_iter().map(|(name, devices)| json!({"name": name, "devices": devices})).collect();
+            let mut body = json!({
+                "kind": "DeviceMetadata",
+                "metadata": {"name": claim.claim_name, "namespace": claim.namespace, "uid": claim.uid},
+                "requests": requests,
+            });
+            if claim.from_template {
+                body["podClaimName"] = json!(claim.pod_claim);
+            }
+            let generation = generations.next(&path, &body);
+            body["metadata"]["generation"] = json!(generation);
+            let mut content = String::new();
+            for api_version in API_VERSIONS {
+                body["apiVersion"] = json!(api_version);
+                content.push_str(&body.to_string());
+                content.push('\n');
+            }
+            if let Err(e) = tree.insert(&path, content) {
+                warnings.push(format!("metadata view: {e}"));
+            }
+        }
+    }
+    tree
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::FileObjects;
+    use crate::resolve::{Selection, resolve};
+
+    const TEXT: &str = r#"
+kind: Pod
+metadata: {name: p, namespace: ns}
+spec: {nodeName: n, resourceClaims: [{name: vm, resourceClaimName: direct}, {name: gpu, resourceClaimTemplateName: t}]}
+status: {resourceClaimStatuses: [{name: gpu, resourceClaimName: p-gpu-x}]}
+---
+kind: ResourceClaim
+metadata: {name: direct, namespace: ns, uid: u1}
+spec: {}
+status: {allocation: {devices: {results: [{request: pgpu, driver: gpu.example.com, pool: n, device: g0}]}}}
+---
+kind: ResourceClaim
+metadata: {name: p-gpu-x, namespace: ns, uid: u2}
+spec: {}
+status: {allocation: {devices: {results: [{request: gpu/big, driver: gpu.example.com, pool: n, device: g1}]}}}
+---
+kind: ResourceSlice
+metadata: {name: s}
+spec:
+  driver: gpu.example.com
+  nodeName: n
+  pool: {name: n, generation: 1, resourceSliceCount: 1}
+  devices:
+  - {name: g0, attributes: {resource.kubernetes.io/pciBusID: {string: "0000:af:00.0"}, uuid: {string: A}}}
+  - {name: g1, attributes: {uuid: {string: B}}}
+"#;
+
+    #[test]
+    fn writes_both_versions_for_direct_and_template_claims() {
+        let snap = FileObjects::parse("t", TEXT).unwrap().into_snapshot("t", None).unwrap();
+        let res = resolve(&snap, &Selection::default());
+        let mut generations = Generations::default();
+        let mut warnings = vec![];
+        let tree = build(&res, &mut generations, &mut warnings);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let direct = std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let docs: Vec<Value> = direct.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(direct.ends_with('\n'));
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["apiVersion"], "metadata.resource.k8s.io/v1beta1");
+        assert_eq!(docs[1]["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+        assert_eq!(docs[0]["metadata"], json!({"name": "direct", "namespace": "ns", "uid": "u1", "generation": 1}));
+        assert_eq!(docs[0]["podClaimName"], Value::Null);
+        let device = &docs[0]["requests"][0]["devices"][0];
+        assert_eq!(device["attributes"]["resource.kubernetes.io/pciBusID"], json!({"string": "0000:af:00.0"}));
+        assert_eq!(device["attributes"]["uuid"], json!({"string": "A"}), "keys stay as the slice wrote them");
+
+        let templ = std::str::from_utf8(tree.get("resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let doc: Value = serde_json::from_str(templ.lines().next().unwrap()).unwrap();
+        assert_eq!(doc["podClaimName"], "gpu");
+        assert_eq!(doc["requests"][0]["name"], "gpu/big");
+
+        // Same content: same generation. Changed content: the generation grows.
+        let again = build(&res, &mut generations, &mut warnings);
+        assert_eq!(again, tree);
+        let mut changed = res.clone();
+        changed.claims[0].devices[0].device = "other".into();
+        let next = build(&changed, &mut generations, &mut warnings);
+        let text = std::str::from_utf8(next.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(doc["metadata"]["generation"], 2);
+    }
+}
