@@ -1,0 +1,235 @@
+//! The files backend: a [`Tree`] written into a directory atomically.
+//!
+//! The layout is the kubelet's for downward API and ConfigMap volumes: the payload
+//! goes into a fresh hidden directory `..<stamp>`, the `..data` symlink is swapped
+//! to it with one `rename`, and every top-level entry is a symlink through `..data`.
+//! A reader therefore sees the old tree or the new one, never a mix, and payloads
+//! left by earlier writes (or an earlier, killed process) are removed.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::tree::Tree;
+
+pub const DATA_LINK: &str = "..data";
+const DATA_TMP: &str = "..data_tmp";
+
+/// A filesystem operation that failed, with the path it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("cannot {op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: io::Error },
+    #[error("refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})")]
+    Foreign { path: PathBuf, name: String },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
+    move |source| WriteError::Io { op, path: path.to_path_buf(), source }
+}
+
+/// Writes trees into one directory; remembers the last one to skip no-op writes.
+#[derive(Debug)]
+pub struct AtomicDir {
+    dir: PathBuf,
+    last: Option<Tree>,
+}
+
+impl AtomicDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        AtomicDir { dir: dir.into(), last: None }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Write `tree` unless it equals the last tree written; returns whether it wrote.
+    pub fn write(&mut self, tree: &Tree) -> Result<bool, WriteError> {
+        if self.last.as_ref() == Some(tree) {
+            return Ok(false);
+        }
+        fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
+        let top = tree.top_level();
+        self.check_top_level(&top)?;
+
+        let payload_name = self.new_payload_dir()?;
+        let payload = self.dir.join(&payload_name);
+        if let Err(e) = write_payload(&payload, tree) {
+            let _ = remove_tree(&payload);
+            return Err(e);
+        }
+
+        // Swap ..data to the new payload in one rename.
+        let tmp = self.dir.join(DATA_TMP);
+        let _ = fs::remove_file(&tmp);
+        symlink(&payload_name, &tmp).map_err(io_err("create symlink", &tmp))?;
+        let data = self.dir.join(DATA_LINK);
+        fs::rename(&tmp, &data).map_err(io_err("rename into place", &data))?;
+
+        // User-visible names: add new links, drop those whose target is gone.
+        for name in &top {
+            let link = self.dir.join(name);
+            if fs::symlink_metadata(&link).is_err() {
+                symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
+            }
+        }
+        for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
+            let entry = entry.map_err(io_err("read directory", &self.dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name == DATA_LINK || name == payload_name {
+                continue;
+            }
+            if name.starts_with("..") {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    remove_tree(&path)?;
+                }
+            } else if !top.contains(&name) && is_our_link(&path, &name) {
+                fs::remove_file(&path).map_err(io_err("remove stale symlink", &path))?;
+            }
+        }
+        self.last = Some(tree.clone());
+        Ok(true)
+    }
+
+    /// Fail before writing anything if a top-level name is taken by something else.
+    fn check_top_level(&self, top: &BTreeSet<String>) -> Result<(), WriteError> {
+        for name in top {
+            let path = self.dir.join(name);
+            if fs::symlink_metadata(&path).is_ok() && !is_our_link(&path, name) {
+                return Err(WriteError::Foreign { path, name: name.clone() });
+            }
+        }
+        let data = self.dir.join(DATA_LINK);
+        if let Ok(meta) = fs::symlink_metadata(&data)
+            && !meta.file_type().is_symlink()
+        {
+            return Err(WriteError::Foreign { path: data, name: String::new() });
+        }
+        Ok(())
+    }
+
+    fn new_payload_dir(&self) -> Result<String, WriteError> {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for attempt in 0u32.. {
+            let name = format!("..{nanos}.{}.{attempt}", std::process::id());
+            let path = self.dir.join(&name);
+            match fs::create_dir(&path) {
+                Ok(()) => return Ok(name),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => continue,
+                Err(e) => return Err(io_err("create directory", &path)(e)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+}
+
+fn is_our_link(path: &Path, name: &str) -> bool {
+    fs::read_link(path).is_ok_and(|target| target == Path::new(DATA_LINK).join(name))
+}
+
+fn write_payload(root: &Path, tree: &Tree) -> Result<(), WriteError> {
+    let dirs = tree.dirs();
+    for dir in dirs.iter().filter(|d| !d.is_empty()) {
+        let path = root.join(dir);
+        fs::create_dir(&path).map_err(io_err("create directory", &path))?;
+    }
+    for (rel, content) in tree.files() {
+        let path = root.join(rel);
+        fs::write(&path, content).map_err(io_err("write", &path))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).map_err(io_err("chmod", &path))?;
+    }
+    for dir in dirs.iter().rev() {
+        let path = root.join(dir);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o555)).map_err(io_err("chmod", &path))?;
+    }
+    Ok(())
+}
+
+/// Remove a payload directory; its read-only directories are made writable first
+/// so that an unprivileged process can remove what it wrote.
+pub fn remove_tree(path: &Path) -> Result<(), WriteError> {
+    fn unlock(path: &Path) {
+        if fs::set_permissions(path, fs::Permissions::from_mode(0o755)).is_ok()
+            && let Ok(entries) = fs::read_dir(path)
+        {
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    unlock(&entry.path());
+                }
+            }
+        }
+    }
+    unlock(path);
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(entries: &[(&str, &str)]) -> Tree {
+        let mut t = Tree::default();
+        for (p, c) in entries {
+            t.insert(p, *c).unwrap();
+        }
+        t
+    }
+
+    fn payload_dirs(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("..") && n != DATA_LINK)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_swaps_and_cleans_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut w = AtomicDir::new(&dir);
+        assert!(w.write(&tree(&[("gpu/gpu/0/uuid", "A"), (".ready", "")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "A");
+        assert!(dir.join(".ready").exists());
+        let mode = fs::metadata(dir.join("gpu/gpu/0/uuid")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444);
+        let mode = fs::metadata(dir.join("gpu/gpu/0")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o555);
+        assert_eq!(payload_dirs(&dir).len(), 1);
+
+        assert!(!w.write(&tree(&[("gpu/gpu/0/uuid", "A"), (".ready", "")])).unwrap(), "no-op write");
+        assert!(w.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
+        assert!(fs::symlink_metadata(dir.join(".ready")).is_err(), ".ready link removed");
+        assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed");
+
+        // A new writer (a restarted process) takes over and removes the old payload.
+        let mut again = AtomicDir::new(&dir);
+        assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
+        assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
+        assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    #[test]
+    fn refuses_foreign_entries_without_writing() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("gpu"), "mine").unwrap();
+        let mut w = AtomicDir::new(tmp.path());
+        let err = w.write(&tree(&[("gpu/gpu/0/uuid", "A")])).unwrap_err();
+        assert!(matches!(err, WriteError::Foreign { .. }), "{err}");
+        assert_eq!(fs::read_to_string(tmp.path().join("gpu")).unwrap(), "mine");
+        assert!(payload_dirs(tmp.path()).is_empty());
+        assert!(fs::symlink_metadata(tmp.path().join(DATA_LINK)).is_err());
+    }
+}
