@@ -1,8 +1,12 @@
 //! drafs: the attributes of a pod's DRA-allocated devices, as files.
 
+pub mod app;
+pub mod cli;
 pub mod files;
 pub mod metadata;
 pub mod names;
 pub mod objects;
 pub mod resolve;
+pub mod source;
+pub mod store;
 pub mod tree;

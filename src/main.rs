@@ -1,1 +1,70 @@
-fn main() {}
+//! drafs: entry point. Parses flags, sets up logging and the runtime, runs one
+//! command, and turns its outcome into an exit code.
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use drafs::app::{self, Failure};
+use drafs::cli::{Cli, Command, LogFormat};
+
+fn init_tracing(format: LogFormat, default_level: &str) {
+    // DRAFS_LOG wins over RUST_LOG; both take tracing's env-filter syntax.
+    let filter = std::env::var("DRAFS_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new(format!("{default_level},kube=warn,hyper=warn,tower=warn")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_target(false).init(),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Get(_) => "warn",
+        _ => "info",
+    };
+    init_tracing(cli.global.log_format, default_level);
+
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drafs: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let outcome: Result<(), Failure> = runtime.block_on(async {
+        let work = async {
+            match &cli.command {
+                Command::Init(args) => app::init(&cli.global, args).await,
+                Command::Get(args) => app::get(&cli.global, args).await,
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            signal = shutdown_signal() => Err(Failure::Failed(format!("stopped by {signal}"))),
+        }
+    });
+    if let Err(failure) = outcome {
+        match cli.global.log_format {
+            LogFormat::Json => tracing::error!("{failure}"),
+            LogFormat::Text => eprintln!("drafs: {failure}"),
+        }
+        std::process::exit(failure.exit_code());
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT, naming the signal.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

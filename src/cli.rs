@@ -1,0 +1,153 @@
+//! Command line and environment: every flag can also be set by an env variable,
+//! so a pod manifest can configure drafs without touching its args.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::tree::RequirePath;
+
+#[derive(Debug, Parser)]
+#[command(name = "drafs", version, about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Name of the pod to resolve (set it from the downward API: metadata.name). Default: $HOSTNAME.
+    #[arg(long, env = "POD_NAME", global = true)]
+    pub pod_name: Option<String>,
+    /// Namespace of the pod (downward API: metadata.namespace). Default: the service account's namespace.
+    #[arg(long, env = "POD_NAMESPACE", global = true)]
+    pub pod_namespace: Option<String>,
+    /// Read the Pod, ResourceClaims and ResourceSlices from this YAML/JSON file instead of the API.
+    #[arg(long, env = "DRAFS_FROM_FILE", global = true, value_name = "FILE")]
+    pub from_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "DRAFS_LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Resolve, write the tree, exit 0 once everything asked for is there (init container).
+    Init(InitArgs),
+    /// Resolve once and print the devices and their attributes.
+    Get(GetArgs),
+}
+
+/// What to resolve.
+#[derive(Debug, Args)]
+pub struct SelectArgs {
+    /// Only these pod claims (repeatable; env: comma-separated).
+    #[arg(long = "claim", env = "DRAFS_CLAIMS", value_delimiter = ',', value_name = "NAME")]
+    pub claims: Vec<String>,
+    /// How long to wait for the API and for everything asked for, e.g. 90s, 5m, 1h.
+    #[arg(long, env = "DRAFS_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Directory to write the tree into (an emptyDir shared with the app).
+    #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
+    pub dir: PathBuf,
+    /// Also write the standard KEP-5304 metadata files here (mount it at /var/run/kubernetes.io/dra-device-attributes).
+    #[arg(long, env = "DRAFS_METADATA_DIR", value_name = "DIR")]
+    pub metadata_dir: Option<PathBuf>,
+    /// Not ready until this path exists: CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable; env: comma-separated).
+    #[arg(long = "require", env = "DRAFS_REQUIRE", value_delimiter = ',', value_name = "PATH")]
+    pub require: Vec<RequirePath>,
+    /// Where to write the failure message so that `kubectl describe pod` shows it.
+    #[arg(long, env = "DRAFS_TERMINATION_LOG", default_value = "/dev/termination-log", value_name = "FILE")]
+    pub termination_log: PathBuf,
+    #[command(flatten)]
+    pub select: SelectArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub select: SelectArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// One row per attribute, capacity and status value.
+    Table,
+    /// The whole resolution (the tree's `.json`).
+    Json,
+    /// Every file of the tree with its content, as `init` would write it.
+    Tree,
+}
+
+/// Parse `90s`, `5m`, `1h30m`, `250ms` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {text:?}: expected e.g. 30s, 5m, 1h"));
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| format!("invalid duration {text:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m, h)")),
+        };
+        total += unit;
+        rest = &rest[unit_len..];
+    }
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from(["drafs", "init", "--dir", "/x", "--claim", "gpu", "--require", "gpu/gpu/0/uuid", "--timeout", "10s"]).unwrap();
+        let Command::Init(args) = cli.command else { panic!("not init") };
+        assert_eq!(args.select.claims, vec!["gpu"]);
+        assert_eq!(args.select.timeout, Duration::from_secs(10));
+        assert!(Cli::try_parse_from(["drafs", "init", "--require", "../x"]).is_err());
+    }
+}
