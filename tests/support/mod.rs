@@ -1,0 +1,155 @@
+//! Shared test support: the test API server and a runner for the real binary.
+
+#![allow(dead_code, unused_imports)]
+
+pub mod apiserver;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub use apiserver::{Fault, Res, TestApi};
+use serde_json::Value;
+
+pub const TOKEN: &str = "drafs-sa-token";
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+pub fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo_path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// A test API server authorizing by the shipped `examples/rbac.yaml`, applied in
+/// `namespace`, with a token for its service account.
+pub fn api_for(namespace: &str) -> TestApi {
+    let api = TestApi::start(&read("examples/rbac.yaml"), namespace);
+    api.add_token(TOKEN, &format!("system:serviceaccount:{namespace}:drafs"));
+    api
+}
+
+/// The binary under test.
+pub fn drafs_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drafs"))
+}
+
+/// A scratch directory with a kubeconfig pointing at the test API server.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+    pub namespace: String,
+    pub pod: String,
+}
+
+impl Env {
+    pub fn new(api: &TestApi, namespace: &str, pod: &str, token: &str) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: drafs\n    namespace: {namespace}\ncurrent-context: test\nusers:\n- name: drafs\n  user:\n    token: {token}\n",
+                api.url()
+            ),
+        )
+        .unwrap();
+        Env { dir, kubeconfig, namespace: namespace.into(), pod: pod.into() }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// A `drafs` command with the environment a pod would give it.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(drafs_bin());
+        cmd.args(args)
+            .env_clear()
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", self.dir.path())
+            .env("POD_NAME", &self.pod)
+            .env("POD_NAMESPACE", &self.namespace)
+            .env("DRAFS_TERMINATION_LOG", self.path("termination-log"))
+            .env("DRAFS_LOG", "info,drafs=debug")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Run to completion, killing it after `limit` (a generous safety net).
+    pub fn run(&self, args: &[&str], limit: Duration) -> Output {
+        let child = self.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        wait_output(child, limit)
+    }
+
+    pub fn termination_log(&self) -> String {
+        std::fs::read_to_string(self.path("termination-log")).unwrap_or_default()
+    }
+}
+
+/// Wait for a child with a safety limit; a child still running then is killed and
+/// the test fails with its output.
+pub fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "drafs still running after {limit:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Poll `cond` until it holds, failing after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every regular file under `dir` (following the top-level symlinks, skipping the
+/// hidden `..` payload entries), as relative path -> content.
+pub fn read_tree(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if dir == root && name.starts_with("..") {
+                continue;
+            }
+            let path = entry.path();
+            let meta = std::fs::metadata(&path).unwrap();
+            if meta.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.insert(rel, std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Parse a multi-document YAML text into JSON values.
+pub fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(text).unwrap()
+}
