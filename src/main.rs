@@ -13,8 +13,10 @@ fn init_tracing(format: LogFormat, default_level: &str) {
         .or_else(|_| std::env::var("RUST_LOG"))
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{default_level},kube=warn,hyper=warn,tower=warn")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        // kube_client logs each failed request at error level; drafs reports them itself.
+        .unwrap_or_else(|| EnvFilter::new(format!("{default_level},kube_client=off,kube_runtime=warn,hyper=warn")));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_target(false).init(),

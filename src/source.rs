@@ -314,7 +314,9 @@ impl Engine {
                     return Err(error.into());
                 }
                 let text = error.to_string();
-                warn!("{text}; retrying");
+                if self.errors.get("pod") != Some(&text) {
+                    warn!("{text}; retrying");
+                }
                 self.errors.insert("pod".into(), text);
                 self.pod_fetch_at = Some(Instant::now() + self.pod_backoff.next().unwrap_or_default());
             }

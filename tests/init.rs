@@ -1,23 +1,593 @@
-//! `drafs init` and `drafs get` against the test API server.
+//! `drafs init` and `drafs get` against the test API server, run as the real binary.
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use support::*;
 
-const LIMIT: Duration = Duration::from_secs(60);
+/// A safety net only: every run normally ends by itself long before.
+const LIMIT: Duration = Duration::from_secs(90);
+
+fn init(env: &Env, extra: &[&str]) -> std::process::Output {
+    let dir = env.path("dra");
+    let mut args = vec!["init", "--dir", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    env.run(&args, LIMIT)
+}
+
+fn assert_ok(out: &std::process::Output) {
+    assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
+}
+
+fn assert_failed(out: &std::process::Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "expected exit 1\nstderr: {}", stderr(out));
+    let err = stderr(out);
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// Requests other than watches, as sorted (verb resource, field selector) pairs.
+fn reads(api: &TestApi) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = api
+        .requests()
+        .iter()
+        .filter(|r| r.verb != "watch")
+        .map(|r| (format!("{} {}", r.verb, r.resource), r.field_selector.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    (a.to_string(), b.to_string())
+}
 
 #[test]
-fn init_writes_the_tree_of_a_template_claim() {
+fn template_claim_with_stale_pool_generation() {
     let api = api_for("ml");
     api.load_yaml(&read("examples/gpu-training.yaml"));
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
-    let dir = env.path("dra");
-    let out = env.run(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "30s"], LIMIT);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tree = read_tree(&dir);
+    assert_ok(&init(&env, &["--timeout", "30s"]));
+    let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+    assert_eq!(tree["gpu/gpu/0/gpu.nvidia.com/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+    assert_eq!(tree["gpu/gpu/0/productName"], "NVIDIA H200", "the stale generation must not win");
     assert_eq!(tree["gpu/gpu/0/resource.kubernetes.io/pciBusID"], "0000:5e:00.0");
+    assert_eq!(tree["gpu/gpu/0/cudaComputeCapability"], "9.0.0");
+    assert_eq!(tree["gpu/gpu/0/.capacity/gpu.nvidia.com/memory"], "141Gi");
+    assert_eq!(tree["gpu/gpu/0/.driver"], "gpu.nvidia.com");
+    assert_eq!(tree["gpu/gpu/0/.pool"], "gpu-node-7");
+    assert_eq!(tree["gpu/gpu/0/.device"], "gpu-3");
+    assert_eq!(tree["gpu/gpu/0/.request"], "gpu");
     assert_eq!(tree[".ready"], "");
+    assert!(!tree.contains_key("gpu/gpu/1/uuid"));
+    let whole: Value = serde_json::from_str(&tree[".json"]).unwrap();
+    assert_eq!(whole["claims"][0]["resourceClaimName"], "trainer-0-gpu-x7k2p");
+    assert_eq!(whole["pod"]["nodeName"], "gpu-node-7");
+
+    // Node-local devices: one pod GET, one claim list, one node slice list, nothing else.
+    assert_eq!(
+        reads(&api),
+        vec![
+            pair("get pods", ""),
+            pair("list resourceclaims", "metadata.name=trainer-0-gpu-x7k2p"),
+            pair("list resourceslices", "spec.nodeName=gpu-node-7"),
+        ]
+    );
+}
+
+#[test]
+fn two_nics_with_list_attributes_and_network_status() {
+    let api = api_for("hpc");
+    api.load_yaml(&read("examples/rdma-network.yaml"));
+    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    assert_ok(&init(&env, &["--require", "nics/rdma/1/.status/interfaceName"]));
+    let tree = read_tree(&env.path("dra"));
+    // Allocation order decides the index, not the slice order.
+    assert_eq!(tree["nics/rdma/0/.device"], "pci-0000-c1-00-0");
+    assert_eq!(tree["nics/rdma/0/ifName"], "ens3f0np0");
+    assert_eq!(tree["nics/rdma/1/dra.net/ifName"], "ens1f0np0");
+    assert_eq!(tree["nics/rdma/0/mtu"], "9000");
+    assert_eq!(tree["nics/rdma/0/rdma"], "true");
+    assert_eq!(tree["nics/rdma/0/resource.kubernetes.io/numaNode"], "1");
+    assert_eq!(tree["nics/rdma/0/.status/interfaceName"], "net1");
+    assert_eq!(tree["nics/rdma/0/.status/ips"], "10.20.1.17/24,fd00:20:1::17/64");
+    assert_eq!(tree["nics/rdma/0/.status/hardwareAddress"], "b8:3f:d2:11:22:33");
+    assert_eq!(tree["nics/rdma/1/.status/interfaceName"], "net2");
+    let record: Value = serde_json::from_str(&tree["nics/rdma/0/.json"]).unwrap();
+    assert_eq!(record["attributes"]["resource.kubernetes.io/numaNode"], json!({"ints": [1]}));
+    assert_eq!(record["status"]["ips"], json!(["10.20.1.17/24", "fd00:20:1::17/64"]));
+}
+
+#[test]
+fn direct_claim_prioritized_subrequest_and_network_attached_device() {
+    let api = api_for("ns1");
+    api.apply(pod("ns1", "p", "node-a", &[("vm", Ok("shared")), ("acc", Err("tmpl"))], &[("acc", "p-acc-1")]));
+    api.apply(claim("ns1", "shared", Some(&[("fabric", "net.example.com", "fabric-pool", "nic-7")])));
+    api.apply(claim(
+        "ns1",
+        "p-acc-1",
+        Some(&[
+            ("gpu/large", "gpu.example.com", "node-a", "g1"),
+            ("gpu/large", "gpu.example.com", "node-a", "g0"),
+            ("mem", "gpu.example.com", "node-a", "m0"),
+        ]),
+    ));
+    api.apply(slice(
+        "node-a-gpus",
+        "gpu.example.com",
+        "node-a",
+        1,
+        Some("node-a"),
+        &[
+            ("g0", json!({"uuid": {"string": "G0"}})),
+            ("g1", json!({"uuid": {"string": "G1"}, "sizes": {"strings": ["a", "b"]}})),
+            ("m0", json!({"gb": {"int": 64}})),
+        ],
+    ));
+    api.apply(slice("other-node", "gpu.example.com", "node-b", 1, Some("node-b"), &[("g9", json!({}))]));
+    api.apply(slice("fabric", "net.example.com", "fabric-pool", 2, None, &[("nic-7", json!({"ifName": {"string": "ib0"}}))]));
+    let env = Env::new(&api, "ns1", "p", TOKEN);
+    assert_ok(&init(&env, &[]));
+    let tree = read_tree(&env.path("dra"));
+    assert_eq!(tree["acc/gpu/0/uuid"], "G1");
+    assert_eq!(tree["acc/gpu/0/.request"], "gpu/large");
+    assert_eq!(tree["acc/gpu/1/uuid"], "G0");
+    assert_eq!(tree["acc/gpu/0/sizes"], "a,b");
+    assert_eq!(tree["acc/mem/0/gb"], "64");
+    assert_eq!(tree["vm/fabric/0/ifName"], "ib0");
+    assert_eq!(tree["vm/fabric/0/.pool"], "fabric-pool");
+
+    // The network-attached device costs one more list, scoped to its driver and to
+    // slices bound to no node; another node's slices are never fetched.
+    assert_eq!(
+        reads(&api),
+        vec![
+            pair("get pods", ""),
+            pair("list resourceclaims", "metadata.name=p-acc-1"),
+            pair("list resourceclaims", "metadata.name=shared"),
+            pair("list resourceslices", "spec.driver=net.example.com,spec.nodeName="),
+            pair("list resourceslices", "spec.nodeName=node-a"),
+        ]
+    );
+    assert!(api.requests().iter().all(|r| r.resource != "resourceslices" || !r.field_selector.is_empty()));
+}
+
+#[test]
+fn metadata_view_matches_the_standard_layout() {
+    // Template claim (rdma) and direct claim (vm passthrough), decoded back.
+    let api = api_for("hpc");
+    api.load_yaml(&read("examples/rdma-network.yaml"));
+    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let meta = env.path("meta");
+    assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
+    let files = read_tree(&meta);
+    assert_eq!(files.keys().collect::<Vec<_>>(), vec!["resourceclaimtemplates/nics/rdma/dra.net-metadata.json"]);
+    let text = &files["resourceclaimtemplates/nics/rdma/dra.net-metadata.json"];
+    let docs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(text.ends_with('\n'));
+    assert_eq!(docs.len(), 2);
+    assert_eq!(docs[0]["apiVersion"], "metadata.resource.k8s.io/v1beta1");
+    assert_eq!(docs[1]["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+    let mut second = docs[1].clone();
+    second["apiVersion"] = docs[0]["apiVersion"].clone();
+    assert_eq!(second, docs[0], "both versions carry the same content");
+    let doc = &docs[0];
+    assert_eq!(doc["kind"], "DeviceMetadata");
+    assert_eq!(
+        doc["metadata"],
+        json!({"name": "allreduce-worker-3-nics-q8w4t", "namespace": "hpc", "uid": "3e2d1c0b-9a8f-4e7d-6c5b-4a3f2e1d0c9b", "generation": 1})
+    );
+    assert_eq!(doc["podClaimName"], "nics");
+    let request = &doc["requests"][0];
+    assert_eq!(request["name"], "rdma");
+    let devices = request["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[0]["name"], "pci-0000-c1-00-0");
+    assert_eq!(devices[0]["driver"], "dra.net");
+    assert_eq!(devices[0]["pool"], "node-rdma-02");
+    assert_eq!(devices[0]["attributes"]["dra.net/ifName"], json!({"string": "ens3f0np0"}));
+    assert_eq!(devices[0]["attributes"]["resource.kubernetes.io/numaNode"], json!({"ints": [1]}));
+    assert_eq!(
+        devices[1]["networkData"],
+        json!({"interfaceName": "net2", "ips": ["10.20.2.17/24"], "hardwareAddress": "b8:3f:d2:44:55:66"})
+    );
+
+    let api = api_for("vms");
+    api.load_yaml(&read("examples/vm-passthrough.yaml"));
+    let env = Env::new(&api, "vms", "virt-launcher-win11-abcde", TOKEN);
+    let meta = env.path("meta");
+    assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
+    let files = read_tree(&meta);
+    let text = &files["resourceclaims/win11-vgpu/pgpu/gpu.nvidia.com-metadata.json"];
+    let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(doc.get("podClaimName").is_none(), "direct claims have no podClaimName");
+    let device = &doc["requests"][0]["devices"][0];
+    assert_eq!(device["name"], "gpu-vfio-1");
+    assert_eq!(device["attributes"]["resource.kubernetes.io/pciBusID"], json!({"string": "0000:af:00.0"}));
+    assert_eq!(device["attributes"]["iommuFDEnabled"], json!({"bool": true}), "keys as the slice wrote them");
+}
+
+#[test]
+fn waits_for_allocation_and_slices_published_after_start() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "late", "n1", &[("gpu", Ok("late-claim"))], &[]));
+    api.apply(claim("ml", "late-claim", None));
+    let env = Env::new(&api, "ml", "late", TOKEN);
+    let dir = env.path("dra");
+    let child = env
+        .command(&["init", "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watching = |resource: &str| api.requests().iter().any(|r| r.verb == "watch" && r.resource == resource);
+    wait_until("a watch on the claim", LIMIT, || watching("resourceclaims"));
+    api.apply(claim("ml", "late-claim", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    wait_until("a watch on the node's slices", LIMIT, || watching("resourceslices"));
+    assert!(!dir.join(".ready").exists(), "not ready before the slice exists");
+    api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": "LATE"}}))]));
+    let out = wait_output(child, LIMIT);
+    assert_ok(&out);
+    assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "LATE");
+    // Waiting was done by watching: the claim and the slices were listed once each.
+    let lists = api.requests().iter().filter(|r| r.verb == "list").count();
+    assert_eq!(lists, 2, "{:?}", reads(&api));
+}
+
+#[test]
+fn waits_for_a_generated_claim_to_appear_in_pod_status() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "gen", "n1", &[("gpu", Err("t"))], &[]));
+    let env = Env::new(&api, "ml", "gen", TOKEN);
+    let dir = env.path("dra");
+    let child = env
+        .command(&["init", "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the pod to be fetched", LIMIT, || api.requests().iter().any(|r| r.resource == "pods"));
+    api.apply(claim("ml", "gen-gpu-1", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": "GEN"}}))]));
+    api.apply(pod("ml", "gen", "n1", &[("gpu", Err("t"))], &[("gpu", "gen-gpu-1")]));
+    let out = wait_output(child, LIMIT);
+    assert_ok(&out);
+    assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "GEN");
+}
+
+#[test]
+fn claim_that_needs_no_resource_is_absent_not_an_error() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let mut p = api.get("Pod", "ml", "trainer-0").unwrap();
+    p["spec"]["resourceClaims"].as_array_mut().unwrap().push(json!({"name": "optional", "resourceClaimTemplateName": "x"}));
+    p["status"]["resourceClaimStatuses"].as_array_mut().unwrap().push(json!({"name": "optional"}));
+    api.apply(p);
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    assert_ok(&init(&env, &[]));
+    let tree = read_tree(&env.path("dra"));
+    assert!(tree.contains_key("gpu/gpu/0/uuid"));
+    assert!(!tree.keys().any(|k| k.starts_with("optional")));
+}
+
+#[test]
+fn timeout_names_what_is_missing_and_writes_the_termination_log() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g7")])));
+    api.apply(slice("s", "gpu.example.com", "n1", 3, Some("n1"), &[("g0", json!({}))]));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let out = init(&env, &["--timeout", "2s", "--require", "gpu/gpu/0/uuid"]);
+    let err = assert_failed(&out);
+    for needle in ["not ready after 2s", "claim gpu", "request gpu", "gpu.example.com/n1/g7", "generation 3", "gpu/gpu/0/uuid"] {
+        assert!(err.contains(needle), "{needle:?} missing from: {err}");
+    }
+    let log = env.termination_log();
+    assert!(log.contains("gpu.example.com/n1/g7"), "termination log: {log:?}");
+    assert!(!env.path("dra").join("..data").exists(), "nothing written when not ready");
+}
+
+#[test]
+fn require_waits_for_device_status() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
+    let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
+    api.apply(allocated.clone());
+    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    let child = env
+        .command(&["init", "--dir", dir.to_str().unwrap(), "--require", "net/eth/0/.status/interfaceName"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("a watch on the claim", LIMIT, || api.requests().iter().any(|r| r.verb == "watch" && r.resource == "resourceclaims"));
+    assert!(!dir.join(".ready").exists());
+    let mut with_status = allocated;
+    with_status["status"]["devices"] =
+        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "networkData": {"interfaceName": "eth1"}, "data": {"vlan": 7}}]);
+    api.apply(with_status);
+    let out = wait_output(child, LIMIT);
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["net/eth/0/.status/interfaceName"], "eth1");
+    assert_eq!(tree["net/eth/0/.status/data"], r#"{"vlan":7}"#);
+}
+
+#[test]
+fn forbidden_names_verb_resource_and_the_rbac_example() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.add_token("other", "system:serviceaccount:ml:someone-else");
+    let env = Env::new(&api, "ml", "trainer-0", "other");
+    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
+    assert!(err.contains("forbidden") && err.contains("get pods") && err.contains("examples/rbac.yaml"), "{err}");
+    assert!(env.termination_log().contains("get pods"));
+
+    // Without the ClusterRoleBinding the slices are the missing grant.
+    let rbac: String = read("examples/rbac.yaml");
+    let without: Vec<&str> = rbac.split("\n---\n").filter(|d| !d.contains("kind: ClusterRoleBinding")).collect();
+    let api = TestApi::start(&without.join("\n---\n"), "ml");
+    api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
+    assert!(err.contains("may not list resourceslices") && err.contains("spec.nodeName=gpu-node-7"), "{err}");
+}
+
+#[test]
+fn unauthorized_token() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let env = Env::new(&api, "ml", "trainer-0", "wrong-token");
+    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
+    assert!(err.contains("unauthorized"), "{err}");
+}
+
+#[test]
+fn shipped_rbac_is_exactly_what_is_used() {
+    // A run that waits (slice published late) uses every verb: get, list and watch.
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "shared-pool", "g0")])));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    let child = env
+        .command(&["init", "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watches = |api: &TestApi| api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect::<BTreeSet<_>>();
+    wait_until("watches on claim, node slices and driver slices", LIMIT, || watches(&api).len() == 3);
+    api.apply(slice("s", "gpu.example.com", "shared-pool", 1, None, &[("g0", json!({"uuid": {"string": "X"}}))]));
+    assert_ok(&wait_output(child, LIMIT));
+    let used: BTreeSet<(String, String)> =
+        api.requests().iter().filter(|r| r.status == 200).map(|r| (r.verb.clone(), r.resource.clone())).collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("get", "pods"),
+        ("list", "resourceclaims"),
+        ("watch", "resourceclaims"),
+        ("list", "resourceslices"),
+        ("watch", "resourceslices"),
+    ]
+    .iter()
+    .map(|(v, r)| (v.to_string(), r.to_string()))
+    .collect();
+    assert_eq!(used, expected);
+    // The Role and ClusterRole grant exactly these and nothing else.
+    let rbac = yaml_docs(&read("examples/rbac.yaml"));
+    let mut granted = BTreeSet::new();
+    for doc in rbac.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
+        for rule in doc["rules"].as_array().unwrap() {
+            for res in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    granted.insert((verb.as_str().unwrap().to_string(), res.as_str().unwrap().to_string()));
+                }
+            }
+        }
+    }
+    assert_eq!(granted, expected);
+    assert!(api.requests().iter().all(|r| r.status != 403));
+}
+
+#[test]
+fn transient_failures_are_retried() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.inject(Fault { verb: Some("get".into()), resource: Some(Res::Pods), status: 503, count: 2 });
+    api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
+    api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceClaims), status: 0, count: 1 });
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let out = init(&env, &["--timeout", "60s"]);
+    assert_ok(&out);
+    assert_eq!(read_tree(&env.path("dra"))["gpu/gpu/0/productName"], "NVIDIA H200");
+    let failed = api.requests().iter().filter(|r| r.status != 200).count();
+    assert_eq!(failed, 4);
+}
+
+#[test]
+fn unreachable_api_server_times_out_with_the_cause() {
+    let api = api_for("ml");
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    drop(api); // nothing listens on its port any more
+    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
+    assert!(err.contains("not ready after 2s") && err.contains("pod ml/p not fetched yet"), "{err}");
+    assert!(err.to_lowercase().contains("connect"), "the cause is named: {err}");
+}
+
+#[test]
+fn pod_not_found() {
+    let api = api_for("ml");
+    let env = Env::new(&api, "ml", "ghost", TOKEN);
+    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
+    assert!(err.contains("pod ml/ghost not found") && err.contains("POD_NAME"), "{err}");
+}
+
+#[test]
+fn unknown_claim_selection_fails_at_once() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let err = assert_failed(&init(&env, &["--claim", "gpus", "--timeout", "60s"]));
+    assert!(err.contains("no resource claim named \"gpus\"") && err.contains("it has: gpu"), "{err}");
+}
+
+#[test]
+fn hostile_and_malformed_attributes_are_skipped_with_warnings() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    api.apply(slice(
+        "s",
+        "gpu.example.com",
+        "n1",
+        1,
+        Some("n1"),
+        &[(
+            "g0",
+            json!({
+                "uuid": {"string": "OK"},
+                "../../../escape": {"string": "x"},
+                "evil.com/../../x": {"string": "x"},
+                ".ready": {"string": "x"},
+                "float": {"float": 1.5},
+                "two": {"int": 1, "string": "1"},
+            }),
+        )],
+    ));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let before: BTreeSet<_> = std::fs::read_dir(env.dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    let out = init(&env, &[]);
+    assert_ok(&out);
+    let after: BTreeSet<_> = std::fs::read_dir(env.dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(after.difference(&before).count(), 1, "only the dra directory is new");
+    let tree = read_tree(&env.path("dra"));
+    let attrs: Vec<&String> = tree.keys().filter(|k| !k.contains("/.") && k.starts_with("gpu/")).collect();
+    assert_eq!(attrs, vec!["gpu/gpu/0/gpu.example.com/uuid", "gpu/gpu/0/uuid"]);
+    let err = stderr(&out);
+    for key in ["../../../escape", "evil.com/../../x", ".ready", "float", "two"] {
+        assert!(err.contains(&format!("attribute {key:?} skipped")), "no warning for {key}: {err}");
+    }
+}
+
+#[test]
+fn malformed_objects_give_a_clear_error() {
+    // A slice the API returns in a shape no ResourceSlice has.
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "")])));
+    let mut bad = slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[]);
+    bad["spec"]["pool"]["generation"] = json!("many");
+    api.apply(bad);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
+    assert!(err.contains("cannot list resourceslices (spec.nodeName=n1)") && err.contains("invalid type"), "{err}");
+
+    // An allocation result without a device.
+    api.delete("ResourceSlice", "", "s");
+    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
+    assert!(err.contains("lacks driver, pool or device"), "{err}");
+}
+
+#[test]
+fn rerun_replaces_the_tree_atomically() {
+    let api = api_for("ml");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    assert_ok(&init(&env, &[]));
+    let mut s = api.get("ResourceSlice", "", "gpu-node-7-gpu.nvidia.com-k2m9x").unwrap();
+    s["spec"]["devices"][1]["attributes"]["uuid"] = json!({"string": "GPU-NEW"});
+    api.apply(s);
+    assert_ok(&init(&env, &[]));
+    let dir = env.path("dra");
+    assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "GPU-NEW");
+    let payloads = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("..") && e.file_name() != "..data")
+        .count();
+    assert_eq!(payloads, 1, "the old payload is removed");
+    assert!(std::fs::symlink_metadata(dir.join("gpu")).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn get_prints_table_and_json_from_the_api() {
+    let api = api_for("hpc");
+    api.load_yaml(&read("examples/rdma-network.yaml"));
+    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let out = env.run(&["get"], LIMIT);
+    assert_ok(&out);
+    let table = stdout(&out);
+    let header = table.lines().next().unwrap();
+    assert!(header.starts_with("CLAIM") && header.contains("ATTRIBUTE") && header.contains("VALUE"), "{table}");
+    let row = table.lines().find(|l| l.contains(".status/interfaceName") && l.contains("net2")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells, vec!["nics", "rdma", "1", "dra.net", "pci-0000-41-00-0", ".status/interfaceName", "net2"]);
+
+    let out = env.run(&["get", "-o", "json"], LIMIT);
+    assert_ok(&out);
+    let whole: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(whole["ready"], true);
+    assert_eq!(whole["claims"][0]["devices"][1]["status"]["interfaceName"], "net2");
+}
+
+#[test]
+fn get_reports_incomplete_resolution() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", None));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let out = env.run(&["get", "--timeout", "30s"], LIMIT);
+    let err = assert_failed(&out);
+    assert!(err.contains("ResourceClaim c is not allocated yet"), "{err}");
+}
+
+#[test]
+fn from_file_needs_no_cluster() {
+    let env_dir = tempfile::tempdir().unwrap();
+    let dir = env_dir.path().join("dra");
+    let run = |args: &[&str]| {
+        let child = std::process::Command::new(drafs_bin())
+            .args(args)
+            .env_clear()
+            .env("HOME", env_dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_output(child, LIMIT)
+    };
+    let example = repo_path("examples/vm-passthrough.yaml");
+    let out = run(&["init", "--from-file", example.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
+    assert_ok(&out);
+    assert_eq!(read_tree(&dir)["passthrough/pgpu/0/resource.kubernetes.io/pciBusID"], "0000:af:00.0");
+
+    let out = run(&["get", "--from-file", example.to_str().unwrap(), "-o", "tree"]);
+    assert_ok(&out);
+    assert!(stdout(&out).lines().any(|l| l == "passthrough/pgpu/0/resource.kubernetes.io/pciBusID  0000:af:00.0"));
+
+    // A file whose device is not published: a clear error at once, nothing written.
+    let broken = env_dir.path().join("broken.yaml");
+    let text = read("examples/vm-passthrough.yaml").replace("name: gpu-vfio-1", "name: gpu-vfio-9");
+    std::fs::write(&broken, text).unwrap();
+    let dir2 = env_dir.path().join("dra2");
+    let out = run(&["init", "--from-file", broken.to_str().unwrap(), "--dir", dir2.to_str().unwrap(), "--termination-log", "/nonexistent/log"]);
+    let err = assert_failed(&out);
+    assert!(err.contains("gpu.nvidia.com/metal-12/gpu-vfio-1"), "{err}");
+    assert!(!dir2.exists());
+}
+
+#[test]
+fn bad_flags_exit_with_usage_code() {
+    let out = std::process::Command::new(drafs_bin()).args(["init", "--require", "../../etc/passwd"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", "soon"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid duration"));
 }

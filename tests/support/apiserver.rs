@@ -86,6 +86,8 @@ pub struct RequestRecord {
     pub resource: String,
     pub path: String,
     pub query: String,
+    /// The decoded `fieldSelector` parameter ("" when absent).
+    pub field_selector: String,
     pub status: u16,
 }
 
@@ -580,7 +582,8 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         if let Some(fault) = fault {
             fault.count -= 1;
             let status = fault.status;
-            s.requests.push(RequestRecord { at: Instant::now(), verb: verb.into(), resource: route.res.name().into(), path: path.clone(), query: query.clone(), status });
+            let field_selector = params.get("fieldSelector").cloned().unwrap_or_default();
+            s.requests.push(RequestRecord { at: Instant::now(), verb: verb.into(), resource: route.res.name().into(), path: path.clone(), query: query.clone(), field_selector, status });
             if status == 0 {
                 return Err(std::io::Error::other("injected connection drop"));
             }
@@ -650,6 +653,7 @@ fn record(shared: &Shared, verb: &str, resource: &str, path: &str, query: &str, 
         resource: resource.into(),
         path: path.into(),
         query: query.into(),
+        field_selector: query_params(query).get("fieldSelector").cloned().unwrap_or_default(),
         status: response.status().as_u16(),
     });
     response

@@ -54,6 +54,8 @@ impl Env {
             ),
         )
         .unwrap();
+        // The kubelet provides the termination log file; drafs only writes into it.
+        std::fs::write(dir.path().join("termination-log"), "").unwrap();
         Env { dir, kubeconfig, namespace: namespace.into(), pod: pod.into() }
     }
 
@@ -71,7 +73,7 @@ impl Env {
             .env("POD_NAME", &self.pod)
             .env("POD_NAMESPACE", &self.namespace)
             .env("DRAFS_TERMINATION_LOG", self.path("termination-log"))
-            .env("DRAFS_LOG", "info,drafs=debug")
+            .env("DRAFS_LOG", "info,drafs=debug,kube_client=off")
             .stdin(Stdio::null());
         cmd
     }
@@ -152,4 +154,56 @@ pub fn read_tree(dir: &Path) -> std::collections::BTreeMap<String, String> {
 /// Parse a multi-document YAML text into JSON values.
 pub fn yaml_docs(text: &str) -> Vec<Value> {
     serde_saphyr::from_multiple(text).unwrap()
+}
+
+/// A pod on `node` whose claims are `(pod claim name, Ok(claim name) | Err(template))`,
+/// with the status entries of template claims given in `generated`.
+pub fn pod(ns: &str, name: &str, node: &str, claims: &[(&str, Result<&str, &str>)], generated: &[(&str, &str)]) -> Value {
+    let spec_claims: Vec<Value> = claims
+        .iter()
+        .map(|(n, src)| match src {
+            Ok(c) => serde_json::json!({"name": n, "resourceClaimName": c}),
+            Err(t) => serde_json::json!({"name": n, "resourceClaimTemplateName": t}),
+        })
+        .collect();
+    let statuses: Vec<Value> = generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")},
+        "spec": {"nodeName": node, "resourceClaims": spec_claims, "containers": [{"name": "app", "image": "app"}]},
+        "status": {"phase": "Pending", "resourceClaimStatuses": statuses},
+    })
+}
+
+/// A claim allocated to `results` = (request, driver, pool, device); None = not allocated.
+pub fn claim(ns: &str, name: &str, results: Option<&[(&str, &str, &str, &str)]>) -> Value {
+    let mut c = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "generation": 1},
+        "spec": {"devices": {"requests": []}},
+    });
+    if let Some(results) = results {
+        let results: Vec<Value> = results
+            .iter()
+            .map(|(r, d, p, dev)| serde_json::json!({"request": r, "driver": d, "pool": p, "device": dev}))
+            .collect();
+        c["status"] = serde_json::json!({"allocation": {"devices": {"results": results}}});
+    }
+    c
+}
+
+/// A slice of `driver`/`pool` at `generation`; `node` None means `allNodes: true`.
+/// Devices are (name, attributes as a JSON object).
+pub fn slice(name: &str, driver: &str, pool: &str, generation: i64, node: Option<&str>, devices: &[(&str, Value)]) -> Value {
+    let devices: Vec<Value> = devices.iter().map(|(n, a)| serde_json::json!({"name": n, "attributes": a})).collect();
+    let mut s = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": driver, "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}, "devices": devices},
+    });
+    match node {
+        Some(n) => s["spec"]["nodeName"] = serde_json::json!(n),
+        None => s["spec"]["allNodes"] = serde_json::json!(true),
+    }
+    s
 }
