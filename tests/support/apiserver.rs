@@ -81,6 +81,9 @@ impl Res {
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
+    /// When the request arrived (before any injected latency).
+    pub started: Instant,
+    /// When the answer (or, for a watch, its first bytes) left.
     pub at: Instant,
     pub verb: String,
     pub resource: String,
@@ -548,11 +551,12 @@ fn selected(object: &Value, namespace: Option<&str>, selector: &Selector) -> boo
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Result<Response<Body>, std::io::Error> {
+    let arrived = Instant::now();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let params = query_params(&query);
     let Some(route) = route(&path) else {
-        return Ok(record(&shared, "", "", &path, &query, status_response(404, "NotFound", &format!("the server could not find the requested resource ({path})"))));
+        return Ok(record(&shared, arrived, "", "", &path, &query, status_response(404, "NotFound", &format!("the server could not find the requested resource ({path})"))));
     };
     let is_watch = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = match (req.method().as_str(), &route.name, is_watch) {
@@ -560,7 +564,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         ("GET", None, true) => "watch",
         ("GET", None, false) => "list",
         _ => {
-            return Ok(record(&shared, "", route.res.name(), &path, &query, status_response(405, "MethodNotAllowed", "only reads are served")));
+            return Ok(record(&shared, arrived, "", route.res.name(), &path, &query, status_response(405, "MethodNotAllowed", "only reads are served")));
         }
     };
     let latency = shared.state.lock().unwrap().latency;
@@ -583,7 +587,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             fault.count -= 1;
             let status = fault.status;
             let field_selector = params.get("fieldSelector").cloned().unwrap_or_default();
-            s.requests.push(RequestRecord { at: Instant::now(), verb: verb.into(), resource: route.res.name().into(), path: path.clone(), query: query.clone(), field_selector, status });
+            s.requests.push(RequestRecord { started: arrived, at: Instant::now(), verb: verb.into(), resource: route.res.name().into(), path: path.clone(), query: query.clone(), field_selector, status });
             if status == 0 {
                 return Err(std::io::Error::other("injected connection drop"));
             }
@@ -610,11 +614,11 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         }
     };
     if let Some(denied) = response {
-        return Ok(record(&shared, verb, route.res.name(), &path, &query, denied));
+        return Ok(record(&shared, arrived, verb, route.res.name(), &path, &query, denied));
     }
     let selector = match parse_selector(route.res, params.get("fieldSelector").map(String::as_str).unwrap_or("")) {
         Ok(s) => s,
-        Err(e) => return Ok(record(&shared, verb, route.res.name(), &path, &query, status_response(400, "BadRequest", &e))),
+        Err(e) => return Ok(record(&shared, arrived, verb, route.res.name(), &path, &query, status_response(400, "BadRequest", &e))),
     };
     let response = match verb {
         "get" => {
@@ -642,12 +646,13 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         }
         _ => watch_response(shared.clone(), route, selector, &params),
     };
-    Ok(record(&shared, verb, "", &path, &query, response))
+    Ok(record(&shared, arrived, verb, "", &path, &query, response))
 }
 
-fn record(shared: &Shared, verb: &str, resource: &str, path: &str, query: &str, response: Response<Body>) -> Response<Body> {
+fn record(shared: &Shared, started: Instant, verb: &str, resource: &str, path: &str, query: &str, response: Response<Body>) -> Response<Body> {
     let resource = if resource.is_empty() { route(path).map(|r| r.res.name()).unwrap_or("") } else { resource };
     shared.state.lock().unwrap().requests.push(RequestRecord {
+        started,
         at: Instant::now(),
         verb: verb.into(),
         resource: resource.into(),

@@ -207,3 +207,16 @@ pub fn slice(name: &str, driver: &str, pool: &str, generation: i64, node: Option
     }
     s
 }
+
+/// The number of sequential round trips among the non-watch requests: the longest
+/// chain of requests each sent only after the previous one was answered.
+pub fn sequential_round_trips(requests: &[apiserver::RequestRecord]) -> usize {
+    let mut reads: Vec<&apiserver::RequestRecord> = requests.iter().filter(|r| r.verb != "watch").collect();
+    reads.sort_by_key(|r| r.started);
+    let mut depth: Vec<usize> = Vec::with_capacity(reads.len());
+    for (i, r) in reads.iter().enumerate() {
+        let before = (0..i).filter(|&j| reads[j].at <= r.started).map(|j| depth[j]).max().unwrap_or(0);
+        depth.push(before + 1);
+    }
+    depth.into_iter().max().unwrap_or(0)
+}
