@@ -47,9 +47,7 @@ fn pair(a: &str, b: &str) -> (String, String) {
 
 #[test]
 fn template_claim_with_stale_pool_generation() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
     assert_ok(&init(&env, &["--timeout", "30s"]));
     let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
@@ -81,9 +79,7 @@ fn template_claim_with_stale_pool_generation() {
 
 #[test]
 fn two_nics_with_list_attributes_and_network_status() {
-    let api = api_for("hpc");
-    api.load_yaml(&read("examples/rdma-network.yaml"));
-    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
     assert_ok(&init(&env, &["--require", "nics/rdma/1/.status/interfaceName"]));
     let tree = read_tree(&env.path("dra"));
     // Allocation order decides the index, not the slice order.
@@ -159,9 +155,7 @@ fn direct_claim_prioritized_subrequest_and_network_attached_device() {
 #[test]
 fn metadata_view_matches_the_standard_layout() {
     // Template claim (rdma) and direct claim (vm passthrough), decoded back.
-    let api = api_for("hpc");
-    api.load_yaml(&read("examples/rdma-network.yaml"));
-    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
     let meta = env.path("meta");
     assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
@@ -196,9 +190,7 @@ fn metadata_view_matches_the_standard_layout() {
         json!({"interfaceName": "net2", "ips": ["10.20.2.17/24"], "hardwareAddress": "b8:3f:d2:44:55:66"})
     );
 
-    let api = api_for("vms");
-    api.load_yaml(&read("examples/vm-passthrough.yaml"));
-    let env = Env::new(&api, "vms", "virt-launcher-win11-abcde", TOKEN);
+    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/vm-passthrough.yaml");
     let meta = env.path("meta");
     assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
@@ -218,12 +210,7 @@ fn waits_for_allocation_and_slices_published_after_start() {
     api.apply(claim("ml", "late-claim", None));
     let env = Env::new(&api, "ml", "late", TOKEN);
     let dir = env.path("dra");
-    let child = env
-        .command(&["init", "--dir", dir.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap()]);
     let watching = |resource: &str| api.requests().iter().any(|r| r.verb == "watch" && r.resource == resource);
     wait_until("a watch on the claim", LIMIT, || watching("resourceclaims"));
     api.apply(claim("ml", "late-claim", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
@@ -244,12 +231,7 @@ fn waits_for_a_generated_claim_to_appear_in_pod_status() {
     api.apply(pod("ml", "gen", "n1", &[("gpu", Err("t"))], &[]));
     let env = Env::new(&api, "ml", "gen", TOKEN);
     let dir = env.path("dra");
-    let child = env
-        .command(&["init", "--dir", dir.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap()]);
     wait_until("the pod to be fetched", LIMIT, || api.requests().iter().any(|r| r.resource == "pods"));
     api.apply(claim("ml", "gen-gpu-1", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
     api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": "GEN"}}))]));
@@ -300,12 +282,7 @@ fn require_waits_for_device_status() {
     api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]));
     let env = Env::new(&api, "ml", "p", TOKEN);
     let dir = env.path("dra");
-    let child = env
-        .command(&["init", "--dir", dir.to_str().unwrap(), "--require", "net/eth/0/.status/interfaceName"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap(), "--require", "net/eth/0/.status/interfaceName"]);
     wait_until("a watch on the claim", LIMIT, || api.requests().iter().any(|r| r.verb == "watch" && r.resource == "resourceclaims"));
     assert!(!dir.join(".ready").exists());
     let mut with_status = allocated;
@@ -357,12 +334,7 @@ fn shipped_rbac_is_exactly_what_is_used() {
     api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "shared-pool", "g0")])));
     let env = Env::new(&api, "ml", "p", TOKEN);
     let dir = env.path("dra");
-    let child = env
-        .command(&["init", "--dir", dir.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap()]);
     let watches = |api: &TestApi| api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect::<BTreeSet<_>>();
     wait_until("watches on claim, node slices and driver slices", LIMIT, || watches(&api).len() == 3);
     api.apply(slice("s", "gpu.example.com", "shared-pool", 1, None, &[("g0", json!({"uuid": {"string": "X"}}))]));
@@ -431,9 +403,7 @@ fn pod_not_found() {
 
 #[test]
 fn unknown_claim_selection_fails_at_once() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
     let err = assert_failed(&init(&env, &["--claim", "gpus", "--timeout", "60s"]));
     assert!(err.contains("no resource claim named \"gpus\"") && err.contains("it has: gpu"), "{err}");
 }
@@ -497,9 +467,7 @@ fn malformed_objects_give_a_clear_error() {
 
 #[test]
 fn rerun_replaces_the_tree_atomically() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
     assert_ok(&init(&env, &[]));
     let mut s = api.get("ResourceSlice", "", "gpu-node-7-gpu.nvidia.com-k2m9x").unwrap();
     s["spec"]["devices"][1]["attributes"]["uuid"] = json!({"string": "GPU-NEW"});
@@ -518,9 +486,7 @@ fn rerun_replaces_the_tree_atomically() {
 
 #[test]
 fn get_prints_table_and_json_from_the_api() {
-    let api = api_for("hpc");
-    api.load_yaml(&read("examples/rdma-network.yaml"));
-    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
     let out = env.run(&["get"], LIMIT);
     assert_ok(&out);
     let table = stdout(&out);
@@ -600,9 +566,7 @@ fn example_pod_manifest_runs_as_written() {
     let pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap();
     let init = &pod["spec"]["initContainers"][0];
     assert_eq!(init["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
     let dra = env.path("dra");
     let meta = env.path("meta");
     let args: Vec<String> = init["args"]

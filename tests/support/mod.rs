@@ -29,6 +29,15 @@ pub fn api_for(namespace: &str) -> TestApi {
     api
 }
 
+/// A test API server holding the objects of an `examples/` file, and an
+/// environment for that file's pod.
+pub fn example(namespace: &str, pod: &str, file: &str) -> (TestApi, Env) {
+    let api = api_for(namespace);
+    api.load_yaml(&read(file));
+    let env = Env::new(&api, namespace, pod, TOKEN);
+    (api, env)
+}
+
 /// The binary under test.
 pub fn drafs_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drafs"))
@@ -78,10 +87,14 @@ impl Env {
         cmd
     }
 
+    /// Start in the background with stdout and stderr captured.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    }
+
     /// Run to completion, killing it after `limit` (a generous safety net).
     pub fn run(&self, args: &[&str], limit: Duration) -> Output {
-        let child = self.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        wait_output(child, limit)
+        wait_output(self.spawn(args), limit)
     }
 
     pub fn termination_log(&self) -> String {
