@@ -220,9 +220,13 @@ fn waits_for_allocation_and_slices_published_after_start() {
     let out = wait_output(child, LIMIT);
     assert_ok(&out);
     assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "LATE");
-    // Waiting was done by watching: the claim and the slices were listed once each.
-    let lists = api.requests().iter().filter(|r| r.verb == "list").count();
-    assert_eq!(lists, 2, "{:?}", reads(&api));
+    // Waiting was done by watching: nothing was listed twice. (Whether the driver's
+    // unbound slices were listed too depends on whether the allocation was seen
+    // before the slice appeared.)
+    let lists: Vec<String> = api.requests().iter().filter(|r| r.verb == "list").map(|r| r.field_selector.clone()).collect();
+    let distinct: BTreeSet<&String> = lists.iter().collect();
+    assert_eq!(lists.len(), distinct.len(), "{:?}", reads(&api));
+    assert!(lists.len() >= 2);
 }
 
 #[test]
