@@ -7,8 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cli::{GetArgs, Global, InitArgs, Output, SelectArgs};
+use crate::cli::{Backend, GetArgs, Global, InitArgs, Output, OutputArgs, ProbeArgs, SelectArgs, ServeArgs};
 use crate::files::AtomicDir;
+use crate::fuse::FuseMount;
 use crate::metadata::{self, Generations};
 use crate::objects::FileObjects;
 use crate::resolve::{Resolution, Selection, resolve};
@@ -101,14 +102,24 @@ fn humanize(d: Duration) -> String {
     }
 }
 
-/// Writes the tree and, when asked, the metadata view.
-struct Outputs {
-    tree: AtomicDir,
+/// Where the tree goes: files swapped atomically, or a FUSE mount.
+enum TreeOutput {
+    Files(AtomicDir),
+    Fuse(FuseMount),
+}
+
+/// Publishes each new tree and, when asked, the metadata view.
+struct Publisher {
+    tree: TreeOutput,
     metadata: Option<(AtomicDir, Generations)>,
 }
 
-impl Outputs {
-    fn write(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), String> {
+impl Publisher {
+    fn new(tree: TreeOutput, args: &OutputArgs) -> Self {
+        Publisher { tree, metadata: args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::default())) }
+    }
+
+    fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), String> {
         if let Some((dir, generations)) = &mut self.metadata {
             let mut warnings = Vec::new();
             let view = metadata::build(res, generations, &mut warnings);
@@ -117,44 +128,50 @@ impl Outputs {
             }
             dir.write(&view).map_err(|e| format!("metadata view: {e}"))?;
         }
-        self.tree.write(&built.tree).map_err(|e| e.to_string())?;
+        match &mut self.tree {
+            TreeOutput::Files(dir) => {
+                dir.write(&built.tree).map_err(|e| e.to_string())?;
+            }
+            TreeOutput::Fuse(mount) => mount.update(&built.tree),
+        }
         Ok(())
     }
+}
+
+fn deadline(timeout: Duration) -> Option<Instant> {
+    (!timeout.is_zero()).then(|| Instant::now() + timeout)
 }
 
 pub async fn init(global: &Global, args: &InitArgs) -> Result<(), Failure> {
     let result = init_inner(global, args).await;
     if let Err(Failure::Failed(message)) = &result {
-        write_termination_log(&args.termination_log, message);
+        write_termination_log(&args.output.termination_log, message);
     }
     result
 }
 
 async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
-    let mut outputs = Outputs {
-        tree: AtomicDir::new(&args.dir),
-        metadata: args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::default())),
-    };
+    let out = &args.output;
+    let mut publisher = Publisher::new(TreeOutput::Files(AtomicDir::new(&out.dir)), out);
     if let Some(path) = &global.from_file {
         let res = resolve_file(global, path, &sel)?;
-        let built = tree::build(&res, &args.require);
+        let built = tree::build(&res, &out.require);
         if !built.is_ready() {
             return Err(Failure::Failed(format!("not ready: {}", built.missing.join("; "))));
         }
-        outputs.write(&res, &built).map_err(Failure::Failed)?;
-        info!(dir = %args.dir.display(), files = built.tree.len(), "tree written");
+        publisher.publish(&res, &built).map_err(Failure::Failed)?;
+        info!(dir = %out.dir.display(), files = built.tree.len(), "tree written");
         return Ok(());
     }
     let (client, pod) = client_and_pod(global).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), "resolving");
     let started = Instant::now();
-    let deadline = started + args.select.timeout;
     let mut engine = Engine::new(client, pod, sel);
     let mut missing: Vec<String> = Vec::new();
     let result = engine
-        .run(Some(deadline), false, |res| {
-            let built = tree::build(res, &args.require);
+        .run(deadline(args.select.timeout), false, |res| {
+            let built = tree::build(res, &out.require);
             if !built.is_ready() {
                 if built.missing != missing {
                     info!("waiting for: {}", built.missing.join("; "));
@@ -162,12 +179,87 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
                 }
                 return Ok(Flow::Continue);
             }
-            outputs.write(res, &built).map_err(EngineError::Output)?;
-            info!(dir = %args.dir.display(), files = built.tree.len(), elapsed_ms = started.elapsed().as_millis() as u64, "tree written, ready");
+            publisher.publish(res, &built).map_err(EngineError::Output)?;
+            info!(dir = %out.dir.display(), files = built.tree.len(), elapsed_ms = started.elapsed().as_millis() as u64, "tree written, ready");
             Ok(Flow::Stop)
         })
         .await;
     result.map(|_| ()).map_err(|e| engine_failure(e, args.select.timeout, &missing))
+}
+
+/// Serve until stopped; fails only if not ready by the deadline (or at start-up).
+pub async fn serve(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
+    let result = serve_inner(global, args).await;
+    if let Err(Failure::Failed(message)) = &result {
+        write_termination_log(&args.output.termination_log, message);
+    }
+    result
+}
+
+async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
+    let sel = selection(&args.select);
+    let out = &args.output;
+    let tree_output = match args.backend {
+        Backend::Fuse => TreeOutput::Fuse(FuseMount::mount(&out.dir).map_err(|e| Failure::Failed(e.to_string()))?),
+        Backend::Files => TreeOutput::Files(AtomicDir::new(&out.dir)),
+    };
+    let mut publisher = Publisher::new(tree_output, out);
+    if let Some(path) = &global.from_file {
+        let res = resolve_file(global, path, &sel)?;
+        let built = tree::build(&res, &out.require);
+        publisher.publish(&res, &built).map_err(Failure::Failed)?;
+        if !built.is_ready() {
+            warn!("not ready: {}", built.missing.join("; "));
+        }
+        info!(dir = %out.dir.display(), files = built.tree.len(), ready = built.is_ready(), "serving a file's resolution until stopped");
+        return std::future::pending().await;
+    }
+    let (client, pod) = client_and_pod(global).await?;
+    info!(pod = %format!("{}/{}", pod.namespace, pod.name), backend = ?args.backend, "resolving");
+    let started = Instant::now();
+    let mut engine = Engine::new(client, pod, sel);
+    let mut missing: Vec<String> = Vec::new();
+    let mut was_ready = false;
+    let mut updates: u64 = 0;
+    let result = engine
+        .run(deadline(args.select.timeout), false, |res| {
+            let built = tree::build(res, &out.require);
+            publisher.publish(res, &built).map_err(EngineError::Output)?;
+            updates += 1;
+            match (was_ready, built.is_ready()) {
+                (false, true) => info!(files = built.tree.len(), elapsed_ms = started.elapsed().as_millis() as u64, "ready"),
+                (true, false) => warn!("no longer ready, values removed: {}", built.missing.join("; ")),
+                (true, true) => info!(files = built.tree.len(), updates, "tree updated"),
+                (false, false) if built.missing != missing => info!("waiting for: {}", built.missing.join("; ")),
+                (false, false) => {}
+            }
+            was_ready = built.is_ready();
+            missing = built.missing;
+            Ok(if was_ready { Flow::Ready } else { Flow::Continue })
+        })
+        .await;
+    result.map(|_| ()).map_err(|e| engine_failure(e, args.select.timeout, &missing))
+}
+
+/// `probe`: one line on stdout, exit 0 when ready.
+pub fn probe(args: &ProbeArgs) -> Result<(), Failure> {
+    let dir = &args.dir;
+    if crate::fuse::is_stale_mount(dir) {
+        return Err(Failure::Failed(format!("{} is a stale FUSE mount (its server is gone)", dir.display())));
+    }
+    if dir.join(".ready").exists() {
+        println!("ready");
+        return Ok(());
+    }
+    let reason = match std::fs::read(dir.join(".json")) {
+        Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["missing"].as_array().map(|m| m.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("; ")))
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "resolution incomplete".into()),
+        Err(_) => format!("no tree at {} yet (not mounted or not written)", dir.display()),
+    };
+    Err(Failure::Failed(format!("not ready: {reason}")))
 }
 
 fn write_termination_log(path: &Path, message: &str) {
@@ -185,9 +277,8 @@ pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
         None => {
             let (client, pod) = client_and_pod(global).await?;
             let mut engine = Engine::new(client, pod, sel);
-            let deadline = Instant::now() + args.select.timeout;
             engine
-                .run(Some(deadline), true, |_| Ok(Flow::Continue))
+                .run(deadline(args.select.timeout), true, |_| Ok(Flow::Continue))
                 .await
                 .map_err(|e| engine_failure(e, args.select.timeout, &[]))?
         }

@@ -43,24 +43,18 @@ pub enum LogFormat {
 pub enum Command {
     /// Resolve, write the tree, exit 0 once everything asked for is there (init container).
     Init(InitArgs),
+    /// Serve the tree and keep it current (native sidecar), through FUSE or atomically written files.
+    Serve(ServeArgs),
+    /// Exit 0 if the tree at --dir is there and ready, 1 otherwise (startupProbe/readinessProbe).
+    Probe(ProbeArgs),
     /// Resolve once and print the devices and their attributes.
     Get(GetArgs),
 }
 
-/// What to resolve.
+/// Where and how the tree is published.
 #[derive(Debug, Args)]
-pub struct SelectArgs {
-    /// Only these pod claims (repeatable; env: comma-separated).
-    #[arg(long = "claim", env = "DRAFS_CLAIMS", value_delimiter = ',', value_name = "NAME")]
-    pub claims: Vec<String>,
-    /// How long to wait for the API and for everything asked for, e.g. 90s, 5m, 1h.
-    #[arg(long, env = "DRAFS_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
-    pub timeout: Duration,
-}
-
-#[derive(Debug, Args)]
-pub struct InitArgs {
-    /// Directory to write the tree into (an emptyDir shared with the app).
+pub struct OutputArgs {
+    /// Directory for the tree (an emptyDir shared with the app).
     #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
     pub dir: PathBuf,
     /// Also write the standard KEP-5304 metadata files here (mount it at /var/run/kubernetes.io/dra-device-attributes).
@@ -72,6 +66,47 @@ pub struct InitArgs {
     /// Where to write the failure message so that `kubectl describe pod` shows it.
     #[arg(long, env = "DRAFS_TERMINATION_LOG", default_value = "/dev/termination-log", value_name = "FILE")]
     pub termination_log: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// How the tree is served: a live FUSE mount, or files rewritten atomically (no privileges).
+    #[arg(long, env = "DRAFS_BACKEND", value_enum, default_value_t = Backend::Fuse)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Fuse,
+    Files,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The tree to check.
+    #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
+    pub dir: PathBuf,
+}
+
+/// What to resolve.
+#[derive(Debug, Args)]
+pub struct SelectArgs {
+    /// Only these pod claims (repeatable; env: comma-separated).
+    #[arg(long = "claim", env = "DRAFS_CLAIMS", value_delimiter = ',', value_name = "NAME")]
+    pub claims: Vec<String>,
+    /// How long to wait for the API and for everything asked for, e.g. 90s, 5m, 1h (0: no limit).
+    #[arg(long, env = "DRAFS_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
 }
@@ -146,6 +181,7 @@ mod tests {
     fn flags_parse() {
         let cli = Cli::try_parse_from(["drafs", "init", "--dir", "/x", "--claim", "gpu", "--require", "gpu/gpu/0/uuid", "--timeout", "10s"]).unwrap();
         let Command::Init(args) = cli.command else { panic!("not init") };
+        assert_eq!(args.output.dir, PathBuf::from("/x"));
         assert_eq!(args.select.claims, vec!["gpu"]);
         assert_eq!(args.select.timeout, Duration::from_secs(10));
         assert!(Cli::try_parse_from(["drafs", "init", "--require", "../x"]).is_err());

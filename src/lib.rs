@@ -3,6 +3,8 @@
 pub mod app;
 pub mod cli;
 pub mod files;
+pub mod fsmodel;
+pub mod fuse;
 pub mod metadata;
 pub mod names;
 pub mod objects;

@@ -26,7 +26,7 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Get(_) => "warn",
+        Command::Get(_) | Command::Probe(_) => "warn",
         _ => "info",
     };
     init_tracing(cli.global.log_format, default_level);
@@ -42,12 +42,21 @@ fn main() {
         let work = async {
             match &cli.command {
                 Command::Init(args) => app::init(&cli.global, args).await,
+                Command::Serve(args) => app::serve(&cli.global, args).await,
+                Command::Probe(args) => app::probe(args),
                 Command::Get(args) => app::get(&cli.global, args).await,
             }
         };
+        // On a signal the command's future is dropped, which unmounts a FUSE tree.
         tokio::select! {
             result = work => result,
-            signal = shutdown_signal() => Err(Failure::Failed(format!("stopped by {signal}"))),
+            signal = shutdown_signal() => match cli.command {
+                Command::Serve(_) => {
+                    tracing::info!("{signal}: stopping");
+                    Ok(())
+                }
+                _ => Err(Failure::Failed(format!("stopped by {signal}"))),
+            },
         }
     });
     if let Err(failure) = outcome {

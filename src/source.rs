@@ -150,6 +150,8 @@ pub struct Engine {
     errors: BTreeMap<String, String>,
     pod_backoff: RetryBackoff,
     pod_fetch_at: Option<Instant>,
+    /// Set once the callback said `Ready`.
+    serving: bool,
 }
 
 impl Drop for Engine {
@@ -163,7 +165,11 @@ impl Drop for Engine {
 /// What the callback wants after seeing a resolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
+    /// Keep going; the deadline still applies.
     Continue,
+    /// Keep going: what was asked for is there, so the deadline no longer applies
+    /// and API errors are no longer fatal (the last good tree keeps being served).
+    Ready,
     Stop,
 }
 
@@ -181,12 +187,13 @@ impl Engine {
             errors: BTreeMap::new(),
             pod_backoff: RetryBackoff::default(),
             pod_fetch_at: Some(Instant::now()),
+            serving: false,
         }
     }
 
     /// Run until the callback says stop, `once` and a full first resolution, a fatal
     /// error, or the deadline. Returns the last resolution handed out.
-    pub async fn run<F>(&mut self, deadline: Option<Instant>, once: bool, mut on_change: F) -> Result<Resolution, EngineError>
+    pub async fn run<F>(&mut self, mut deadline: Option<Instant>, once: bool, mut on_change: F) -> Result<Resolution, EngineError>
     where
         F: FnMut(&Resolution) -> Result<Flow, EngineError>,
     {
@@ -215,8 +222,13 @@ impl Engine {
                         }
                         let flow = on_change(&res)?;
                         last = Some(res.clone());
-                        if flow == Flow::Stop {
-                            return Ok(res);
+                        match flow {
+                            Flow::Stop => return Ok(res),
+                            Flow::Ready => {
+                                self.serving = true;
+                                deadline = None;
+                            }
+                            Flow::Continue => {}
                         }
                     }
                     if once {
@@ -275,7 +287,7 @@ impl Engine {
                 self.store.apply(&scope, event);
             }
             Update::Error(scope, error) => {
-                if error.is_fatal() {
+                if error.is_fatal() && !self.serving {
                     return Err(error.into());
                 }
                 let text = error.to_string();
@@ -305,12 +317,12 @@ impl Engine {
                     self.start_watch(Scope::NodeSlices(node));
                 }
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(kube::Error::Api(status)) if status.code == 404 && !self.serving => {
                 return Err(ApiError::PodNotFound { namespace: self.pod.namespace.clone(), name: self.pod.name.clone() }.into());
             }
             Err(e) => {
                 let error = ApiError::classify(&e, "get", "pods", format!(" ({}/{})", self.pod.namespace, self.pod.name));
-                if error.is_fatal() {
+                if error.is_fatal() && !self.serving {
                     return Err(error.into());
                 }
                 let text = error.to_string();

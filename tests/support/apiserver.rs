@@ -338,6 +338,10 @@ impl TestApi {
         self.state().faults.push(fault);
     }
 
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.state().requests.clone()
     }

@@ -82,7 +82,7 @@ impl Env {
             .env("POD_NAME", &self.pod)
             .env("POD_NAMESPACE", &self.namespace)
             .env("DRAFS_TERMINATION_LOG", self.path("termination-log"))
-            .env("DRAFS_LOG", "info,drafs=debug,kube_client=off")
+            .env("DRAFS_LOG", std::env::var("TEST_DRAFS_LOG").unwrap_or("info,drafs=debug,kube_client=off".into()))
             .stdin(Stdio::null());
         cmd
     }
@@ -232,4 +232,104 @@ pub fn sequential_round_trips(requests: &[apiserver::RequestRecord]) -> usize {
         depth.push(before + 1);
     }
     depth.into_iter().max().unwrap_or(0)
+}
+
+/// Tests that mount FUSE need root and /dev/fuse (CI has both). They fail, never
+/// skip, when these are missing, unless DRAFS_NO_FUSE_TESTS=1 outside CI.
+pub fn require_fuse() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let dev = Path::new("/dev/fuse").exists();
+    if root && dev {
+        return true;
+    }
+    let opted_out = std::env::var("DRAFS_NO_FUSE_TESTS").is_ok_and(|v| v == "1");
+    let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+    if opted_out && !in_ci {
+        eprintln!("skipped: needs root and /dev/fuse (DRAFS_NO_FUSE_TESTS=1)");
+        return false;
+    }
+    panic!("this test mounts FUSE: it needs root and /dev/fuse (root: {root}, /dev/fuse: {dev})");
+}
+
+/// True while `dir` is a mount point listed in /proc/self/mounts.
+pub fn is_mounted(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let dir = dir.to_string_lossy();
+    mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*dir))
+}
+
+/// A background `drafs serve`; killed (and its mount detached) if still running on drop.
+pub struct Serve {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+}
+
+impl Serve {
+    pub fn start(env: &Env, dir: &Path, extra: &[&str]) -> Serve {
+        let mut args = vec!["serve", "--dir", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Serve { child: Some(env.spawn(&args)), dir: dir.to_path_buf() }
+    }
+
+    pub fn read(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.dir.join(rel)).ok()
+    }
+
+    /// Wait until `rel` reads `want` (None: until it does not exist).
+    pub fn wait_for(&mut self, rel: &str, want: Option<&str>, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.read(rel);
+            if got.as_deref() == want {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                let out = self.child.take().unwrap().wait_with_output().unwrap();
+                panic!("drafs serve exited ({status}) while waiting for {rel} = {want:?}\nstderr: {}", stderr(&out));
+            }
+            if Instant::now() > deadline {
+                let out = self.stop_kill();
+                panic!("timed out after {limit:?} waiting for {rel} = {want:?} (got {got:?})\nstderr: {}", stderr(&out));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(pid, sig) };
+    }
+
+    /// Wait for the process to exit by itself.
+    pub fn wait(&mut self, limit: Duration) -> Output {
+        wait_output(self.child.take().unwrap(), limit)
+    }
+
+    fn stop_kill(&mut self) -> Output {
+        let mut child = self.child.take().unwrap();
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        detach(&self.dir);
+        out
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop_kill();
+        } else {
+            detach(&self.dir);
+        }
+    }
+}
+
+/// Lazily unmount whatever is mounted at `dir` (cleanup after a killed server).
+pub fn detach(dir: &Path) {
+    if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) {
+        // SAFETY: a valid NUL-terminated path.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
 }

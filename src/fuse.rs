@@ -1,0 +1,332 @@
+//! The FUSE backend: a thin adapter from kernel requests to [`FsSnapshot`].
+//!
+//! Reads are answered from the current snapshot (an `Arc` swapped on change), with
+//! long entry/attr TTLs and kernel page caching (no-open mode, or `FOPEN_KEEP_CACHE`).
+//! After each swap a dedicated thread tells the kernel what to forget; never a
+//! FUSE callback, which would deadlock against the kernel waiting on it.
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use fuser::{
+    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request, SessionACL,
+};
+use tracing::{debug, info, warn};
+
+use crate::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
+use crate::tree::Tree;
+
+/// How long the kernel may cache names and attributes. Changes are pushed, so
+/// this only bounds staleness if a push were lost.
+const TTL: Duration = Duration::from_secs(60);
+
+/// Errors of the FUSE backend.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    #[error("cannot mount FUSE at {dir}: {source} (needs /dev/fuse and CAP_SYS_ADMIN, or use --backend files)")]
+    Mount { dir: PathBuf, source: io::Error },
+    #[error("cannot prepare mount point {dir}: {source}")]
+    MountPoint { dir: PathBuf, source: io::Error },
+}
+
+type Current = Arc<RwLock<Arc<FsSnapshot>>>;
+
+struct DraFs {
+    current: Current,
+    no_open: AtomicBool,
+    uid: u32,
+    gid: u32,
+}
+
+impl DraFs {
+    fn snapshot(&self) -> Arc<FsSnapshot> {
+        self.current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn attr(&self, node: &Node) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(node.ino),
+            size: node.size(),
+            blocks: node.size().div_ceil(512),
+            atime: node.mtime,
+            mtime: node.mtime,
+            ctime: node.mtime,
+            crtime: node.mtime,
+            kind: match node.kind {
+                Kind::Dir => FileType::Directory,
+                Kind::File => FileType::RegularFile,
+            },
+            perm: node.perm(),
+            nlink: if node.kind == Kind::Dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+}
+
+fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+impl Filesystem for DraFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let wanted = InitFlags::FUSE_NO_OPEN_SUPPORT | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
+        if config.capabilities().contains(wanted) && config.add_capabilities(wanted).is_ok() {
+            self.no_open.store(true, Ordering::Relaxed);
+        }
+        debug!(no_open = self.no_open.load(Ordering::Relaxed), "FUSE session initialized");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let snap = self.snapshot();
+        let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
+        match snap.lookup(parent.0, name) {
+            Ok(node) => reply.entry(&TTL, &self.attr(node), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.snapshot().node(ino.0) {
+            Some(node) => reply.attr(&TTL, &self.attr(node)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_open.load(Ordering::Relaxed) {
+            // The kernel stops sending opens and keeps the page cache.
+            return reply.error(Errno::ENOSYS);
+        }
+        match self.snapshot().node(ino.0) {
+            Some(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_open.load(Ordering::Relaxed) {
+            return reply.error(Errno::ENOSYS);
+        }
+        match self.snapshot().node(ino.0) {
+            Some(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.snapshot().read(ino.0, offset, size) {
+            Ok(data) => reply.data(data),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.snapshot().readdir(ino.0) {
+            Ok(entries) => {
+                for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+                    let kind = if kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
+                    if reply.add(INodeNo(child), (i + 1) as u64, kind, &name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        // ENOSYS makes the kernel stop asking for extended attributes.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self.snapshot().len() as u64;
+        reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+    }
+}
+
+/// A mounted tree. Dropping it unmounts (lazily if files are still open).
+pub struct FuseMount {
+    dir: PathBuf,
+    current: Current,
+    inodes: InodeAllocator,
+    session: Option<BackgroundSession>,
+    invalidate: Option<mpsc::Sender<Vec<Invalidation>>>,
+    notifier_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FuseMount {
+    /// Clear a stale mount left at `dir`, then mount an empty tree there.
+    pub fn mount(dir: &Path) -> Result<Self, FuseError> {
+        prepare_mount_point(dir)?;
+        let current: Current = Arc::new(RwLock::new(Arc::new(FsSnapshot::empty())));
+        let fs = DraFs {
+            current: current.clone(),
+            no_open: AtomicBool::new(false),
+            // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+            uid: unsafe { libc::geteuid() },
+            gid: unsafe { libc::getegid() },
+        };
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName("drafs".into()),
+            MountOption::Subtype("drafs".into()),
+            MountOption::RO,
+            MountOption::DefaultPermissions,
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoExec,
+        ];
+        // allow_other: the app may run as any uid; DefaultPermissions enforces 0444/0555.
+        config.acl = SessionACL::All;
+        config.n_threads = Some(2);
+        let session = fuser::spawn_mount(fs, dir, &config).map_err(|source| FuseError::Mount { dir: dir.to_path_buf(), source })?;
+        let (tx, rx) = mpsc::channel::<Vec<Invalidation>>();
+        let notifier = session.notifier();
+        let notifier_thread = std::thread::Builder::new()
+            .name("drafs-inval".into())
+            .spawn(move || notify_loop(notifier, rx))
+            .map_err(|source| FuseError::Mount { dir: dir.to_path_buf(), source })?;
+        info!(dir = %dir.display(), "FUSE mounted");
+        Ok(FuseMount {
+            dir: dir.to_path_buf(),
+            current,
+            inodes: InodeAllocator::default(),
+            session: Some(session),
+            invalidate: Some(tx),
+            notifier_thread: Some(notifier_thread),
+        })
+    }
+
+    /// Swap in a new tree and push the invalidations it needs.
+    pub fn update(&mut self, tree: &Tree) {
+        let old = self.current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone());
+        let new = Arc::new(FsSnapshot::build(tree, &mut self.inodes, Some(&old)));
+        let changes = invalidations(&old, &new);
+        match self.current.write() {
+            Ok(mut g) => *g = new,
+            Err(p) => *p.into_inner() = new,
+        }
+        if !changes.is_empty()
+            && let Some(tx) = &self.invalidate
+        {
+            let _ = tx.send(changes);
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        self.invalidate.take();
+        if let Some(t) = self.notifier_thread.take() {
+            let _ = t.join();
+        }
+        // The session unmounts on drop; if files are still open that fails with
+        // EBUSY and the lazy unmount below detaches the tree instead.
+        drop(self.session.take());
+        unmount(&self.dir);
+    }
+}
+
+fn notify_loop(notifier: Notifier, rx: mpsc::Receiver<Vec<Invalidation>>) {
+    for batch in rx {
+        for inv in batch {
+            let result = match &inv {
+                Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(*ino), 0, 0),
+                Invalidation::Entry { parent, name } => notifier.inval_entry(INodeNo(*parent), OsStr::new(name)),
+                Invalidation::Deleted { parent, child, name } => {
+                    notifier.delete(INodeNo(*parent), INodeNo(*child), OsStr::new(name))
+                }
+            };
+            // ENOENT: the kernel had nothing cached for it, which is fine.
+            if let Err(e) = result
+                && e.raw_os_error() != Some(libc::ENOENT)
+            {
+                debug!(?inv, "invalidation not delivered: {e}");
+            }
+        }
+    }
+}
+
+fn c_path(path: &Path) -> Option<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()
+}
+
+/// True when `dir` is a mount whose FUSE server is gone. `statfs` always reaches
+/// the server (a `stat` may be answered from the kernel's attribute cache), so it
+/// fails with ENOTCONN on such a mount.
+pub fn is_stale_mount(dir: &Path) -> bool {
+    let Some(path) = c_path(dir) else { return false };
+    let mut buf = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid path and a buffer of the right type.
+    let rc = unsafe { libc::statfs(path.as_ptr(), buf.as_mut_ptr()) };
+    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// Unmount `dir`: a plain unmount, or a lazy one if files are still open.
+pub fn unmount(dir: &Path) {
+    let Some(path) = c_path(dir) else { return };
+    // SAFETY: path is a valid NUL-terminated string for the duration of the calls.
+    let rc = unsafe { libc::umount2(path.as_ptr(), 0) };
+    if rc == 0 {
+        info!(dir = %dir.display(), "unmounted");
+        return;
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOENT) => {} // not mounted (any more)
+        _ => {
+            // SAFETY: as above.
+            let rc = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            if rc == 0 {
+                info!(dir = %dir.display(), "unmounted lazily ({err}: files still open)");
+            } else {
+                warn!(dir = %dir.display(), "cannot unmount: {}", io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+fn prepare_mount_point(dir: &Path) -> Result<(), FuseError> {
+    if is_stale_mount(dir) {
+        warn!(dir = %dir.display(), "clearing a stale FUSE mount left by an earlier instance");
+        unmount(dir);
+    }
+    std::fs::create_dir_all(dir).map_err(|source| FuseError::MountPoint { dir: dir.to_path_buf(), source })?;
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! `drafs serve` and `drafs probe` against the test API server: real FUSE mounts
+//! (these tests need root and /dev/fuse, which CI has) and the files backend.
+
+mod support;
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+/// Safety nets only; every wait ends as soon as its condition holds.
+const LIMIT: Duration = Duration::from_secs(60);
+
+const NIC0_IFNAME: &str = "nics/rdma/0/ifName";
+
+fn rdma() -> (TestApi, Env) {
+    example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml")
+}
+
+fn set_nic_attribute(api: &TestApi, name: &str, value: &str) {
+    let mut s = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
+    // devices[1] is pci-0000-c1-00-0, allocated first (index 0).
+    s["spec"]["devices"][1]["attributes"][name] = json!({"string": value});
+    api.apply(s);
+}
+
+#[test]
+fn fuse_tree_equals_init_tree_and_is_read_only() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &["--metadata-dir", env.path("meta-serve").to_str().unwrap()]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert!(is_mounted(&mnt));
+    let init_dir = env.path("init");
+    let out = env.run(&["init", "--dir", init_dir.to_str().unwrap(), "--metadata-dir", env.path("meta-init").to_str().unwrap()], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let served = read_tree(&mnt);
+    assert_eq!(served, read_tree(&init_dir));
+    assert!(served.len() > 40, "{}", served.len());
+    assert_eq!(read_tree(&env.path("meta-serve")), read_tree(&env.path("meta-init")));
+
+    // Modes, and writes refused with EROFS.
+    use std::os::unix::fs::PermissionsExt;
+    let file = mnt.join(NIC0_IFNAME);
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o7777, 0o444);
+    assert_eq!(std::fs::metadata(mnt.join("nics/rdma/0")).unwrap().permissions().mode() & 0o7777, 0o555);
+    let err = std::fs::OpenOptions::new().write(true).open(&file).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let err = std::fs::write(mnt.join("new-file"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+
+    // Any uid can read (the app may run as non-root).
+    let out = std::process::Command::new("cat").arg(&file).uid(65534).gid(65534).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ens3f0np0");
+}
+
+#[test]
+fn fuse_updates_values_status_and_removals_live() {
+    if !require_fuse() {
+        return;
+    }
+    let (api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    let ino_before = std::fs::metadata(mnt.join(NIC0_IFNAME)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+
+    // An attribute changes.
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    assert_eq!(serve.read("nics/rdma/0/dra.net/ifName").as_deref(), Some("ens9"));
+    let ino_after = std::fs::metadata(mnt.join(NIC0_IFNAME)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    assert_eq!(ino_before, ino_after, "inode numbers are stable across updates");
+
+    // Device status changes (a network driver rewriting networkData).
+    let mut claim = api.get("ResourceClaim", "hpc", "allreduce-worker-3-nics-q8w4t").unwrap();
+    claim["status"]["devices"][0]["networkData"]["interfaceName"] = json!("net7");
+    api.apply(claim);
+    serve.wait_for("nics/rdma/0/.status/interfaceName", Some("net7"), LIMIT);
+
+    // The slice disappears: values go away, and so does .ready.
+    api.delete("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l");
+    serve.wait_for(NIC0_IFNAME, None, LIMIT);
+    serve.wait_for(".ready", None, LIMIT);
+    let probe = env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert_eq!(probe.status.code(), Some(1));
+    assert!(stderr(&probe).contains("pci-0000-c1-00-0"), "{}", stderr(&probe));
+
+    // Republished: back again.
+    let text = read("examples/rdma-network.yaml");
+    api.load_yaml(&text);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert_eq!(serve.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
+
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains("no longer ready"), "a removal is logged as a warning: {log}");
+}
+
+#[test]
+fn device_status_arriving_after_start_and_probe() {
+    if !require_fuse() {
+        return;
+    }
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
+    let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
+    api.apply(allocated.clone());
+    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &["--require", "net/eth/0/.status/interfaceName"]);
+    serve.wait_for("net/eth/0/mtu", Some("1500"), LIMIT);
+    assert_eq!(serve.read(".ready"), None);
+    let probe = env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert_eq!(probe.status.code(), Some(1));
+    assert!(stderr(&probe).contains("net/eth/0/.status/interfaceName"), "{}", stderr(&probe));
+
+    let mut with_status = allocated;
+    with_status["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "networkData": {"interfaceName": "eth1"}}]);
+    api.apply(with_status);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert_eq!(serve.read("net/eth/0/.status/interfaceName").as_deref(), Some("eth1"));
+    let probe = env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert!(probe.status.success(), "{}", stderr(&probe));
+    assert_eq!(stdout(&probe).trim(), "ready");
+}
+
+#[test]
+fn watches_survive_api_restart_and_410_gone() {
+    if !require_fuse() {
+        return;
+    }
+    let (mut api, env) = rdma();
+    api.set_bookmark_interval(Duration::from_millis(100));
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    wait_until("both watches", LIMIT, || api.requests().iter().filter(|r| r.verb == "watch").count() >= 2);
+
+    // Every connection cut: the watches resume.
+    api.restart();
+    set_nic_attribute(&api, "dra.net/ifName", "after-restart");
+    serve.wait_for(NIC0_IFNAME, Some("after-restart"), LIMIT);
+
+    // History compacted: resuming answers 410 Gone, so the watches relist.
+    let lists_before = api.requests().iter().filter(|r| r.verb == "list").count();
+    api.compact();
+    set_nic_attribute(&api, "dra.net/ifName", "after-410");
+    serve.wait_for(NIC0_IFNAME, Some("after-410"), LIMIT);
+    wait_until("a relist after 410", LIMIT, || api.requests().iter().filter(|r| r.verb == "list").count() > lists_before);
+    assert!(api.requests().iter().all(|r| r.status != 403));
+}
+
+#[test]
+fn api_outage_keeps_serving_the_last_good_tree() {
+    if !require_fuse() {
+        return;
+    }
+    let (mut api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    // 500, not 503: the kube client retries 503/429/504 by itself before reporting.
+    api.inject(Fault { verb: None, resource: None, status: 500, count: usize::MAX });
+    api.restart();
+    let failures = || api.requests().iter().filter(|r| r.status == 500).count();
+    wait_until("failing retries", LIMIT, || failures() >= 2);
+    assert_eq!(serve.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
+    assert_eq!(serve.read(".ready").as_deref(), Some(""));
+    api.clear_faults();
+    set_nic_attribute(&api, "dra.net/ifName", "recovered");
+    serve.wait_for(NIC0_IFNAME, Some("recovered"), LIMIT);
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert!(stderr(&out).contains("HTTP 500"), "the outage is reported: {}", stderr(&out));
+}
+
+#[test]
+fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    // A file held open makes the unmount lazy; SIGTERM still exits 0 and detaches.
+    let held = std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap();
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!is_mounted(&mnt), "unmounted");
+    drop(held);
+
+    let mut first = Serve::start(&env, &mnt, &[]);
+    first.wait_for(".ready", Some(""), LIMIT);
+    first.signal(libc::SIGKILL);
+    let _ = first.wait(LIMIT);
+    assert!(is_mounted(&mnt), "a killed server leaves its mount behind");
+    let err = std::fs::read_dir(&mnt).and_then(|mut d| d.next().transpose()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "and it is stale: {err}");
+    let probe = env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert_eq!(probe.status.code(), Some(1));
+    assert!(stderr(&probe).contains("stale"), "{}", stderr(&probe));
+
+    // The dead mount's cached dentries still answer `.ready` here, so wait for
+    // the new server to be mounted (statfs reaches it) before reading.
+    let second = Serve::start(&env, &mnt, &[]);
+    wait_until("the new server to replace the stale mount", LIMIT, || {
+        env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT).status.success()
+    });
+    assert_eq!(second.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
+}
+
+#[test]
+fn not_ready_by_the_deadline_fails_and_unmounts() {
+    if !require_fuse() {
+        return;
+    }
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", None));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &["--timeout", "2s"]);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("ResourceClaim c is not allocated yet"), "{}", stderr(&out));
+    assert!(env.termination_log().contains("not allocated"));
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn files_backend_serves_and_updates_without_privileges() {
+    let (api, env) = rdma();
+    let dir = env.path("files");
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files"]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert!(!is_mounted(&dir));
+    let init_dir = env.path("init");
+    assert!(env.run(&["init", "--dir", init_dir.to_str().unwrap()], LIMIT).status.success());
+    assert_eq!(read_tree(&dir), read_tree(&init_dir));
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    api.delete("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l");
+    serve.wait_for(".ready", None, LIMIT);
+    assert_eq!(serve.read(NIC0_IFNAME), None);
+    // The swap is atomic; removing the old payload follows it.
+    let payloads = || std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("..") && e.file_name() != "..data").count();
+    wait_until("old payloads removed", LIMIT, || payloads() == 1);
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+#[test]
+fn probe_without_a_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(drafs_bin()).args(["probe", "--dir"]).arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no tree at"), "{}", stderr(&out));
+}
