@@ -158,7 +158,9 @@ impl Filesystem for DraFs {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
+        // Nothing to flush on a read-only tree; ENOSYS makes the kernel stop
+        // sending a FLUSH on every close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
