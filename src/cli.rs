@@ -47,6 +47,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Exit 0 if the tree at --dir is there and ready, 1 otherwise (startupProbe/readinessProbe).
     Probe(ProbeArgs),
+    /// Unmount a FUSE tree at --dir (lazily if files are open); for a preStop hook.
+    Unmount(ProbeArgs),
     /// Resolve once and print the devices and their attributes.
     Get(GetArgs),
 }
@@ -87,7 +89,7 @@ pub enum Backend {
 
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// The tree to check.
+    /// The tree's directory.
     #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
     pub dir: PathBuf,
 }

@@ -44,6 +44,10 @@ fn main() {
                 Command::Init(args) => app::init(&cli.global, args).await,
                 Command::Serve(args) => app::serve(&cli.global, args).await,
                 Command::Probe(args) => app::probe(args),
+                Command::Unmount(args) => {
+                    drafs::fuse::unmount(&args.dir);
+                    Ok(())
+                }
                 Command::Get(args) => app::get(&cli.global, args).await,
             }
         };

@@ -561,31 +561,3 @@ fn bad_flags_exit_with_usage_code() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("invalid duration"));
 }
-
-#[test]
-fn example_pod_manifest_runs_as_written() {
-    // The init container's args from examples/pod-init.yaml, with its two
-    // directories moved into a scratch dir, against the matching example objects.
-    let docs = yaml_docs(&read("examples/pod-init.yaml"));
-    let pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap();
-    let init = &pod["spec"]["initContainers"][0];
-    assert_eq!(init["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
-    let dra = env.path("dra");
-    let meta = env.path("meta");
-    let args: Vec<String> = init["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            a.as_str()
-                .unwrap()
-                .replace("--dir=/dra", &format!("--dir={}", dra.display()))
-                .replace("=/var/run/kubernetes.io/dra-device-attributes", &format!("={}", meta.display()))
-        })
-        .collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_ok(&env.run(&args, LIMIT));
-    assert!(read_tree(&dra).contains_key("gpu/gpu/0/uuid"));
-    assert!(read_tree(&meta).contains_key("resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json"));
-}

@@ -1,0 +1,164 @@
+//! The manifests in examples/ run as written: their drafs args, probes and hooks
+//! are executed for real (directories moved into scratch space).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn manifest(file: &str) -> Vec<Value> {
+    yaml_docs(&read(file))
+}
+
+fn pod_spec(docs: &[Value]) -> &Value {
+    &docs.iter().find(|d| d["kind"] == "Pod").expect("a Pod")["spec"]
+}
+
+fn drafs_container(spec: &Value) -> &Value {
+    spec["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "drafs").expect("a drafs init container")
+}
+
+/// Strings of a JSON array with in-pod paths replaced by scratch paths.
+fn remap(list: &Value, dirs: &[(&str, &Path)]) -> Vec<String> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let mut s = a.as_str().unwrap().to_string();
+            for (from, to) in dirs {
+                s = replace_path(&s, from, &to.display().to_string());
+            }
+            s
+        })
+        .collect()
+}
+
+/// Replace `from` where it is a whole path (followed by nothing or `/`), so that
+/// remapping `/dra` leaves `/drafs` alone.
+fn replace_path(s: &str, from: &str, to: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find(from) {
+        let after = &rest[i + from.len()..];
+        out.push_str(&rest[..i]);
+        if after.is_empty() || after.starts_with('/') {
+            out.push_str(to);
+        } else {
+            out.push_str(from);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Run an exec probe or hook command (`/drafs ...`) with the binary under test.
+fn exec(env: &Env, command: &[String]) -> std::process::Output {
+    assert_eq!(command[0], "/drafs", "the image's binary is /drafs");
+    let args: Vec<&str> = command[1..].iter().map(String::as_str).collect();
+    env.run(&args, LIMIT)
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn downward_api_env(container: &Value) {
+    let env = container["env"].as_array().unwrap();
+    for (name, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+        let var = env.iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("{name} not set"));
+        assert_eq!(var["valueFrom"]["fieldRef"]["fieldPath"], field);
+    }
+}
+
+#[test]
+fn init_container_example() {
+    let docs = manifest("examples/pod-init.yaml");
+    let spec = pod_spec(&docs);
+    let init = drafs_container(spec);
+    downward_api_env(init);
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let dra = env.path("dra");
+    let meta = env.path("meta");
+    let args = remap(&init["args"], &[("/var/run/kubernetes.io/dra-device-attributes", &meta), ("/dra", &dra)]);
+    let out = env.run(&as_strs(&args), LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(read_tree(&dra).contains_key("gpu/gpu/0/uuid"));
+    assert!(read_tree(&meta).contains_key("resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json"));
+}
+
+#[test]
+fn fuse_sidecar_example() {
+    if !require_fuse() {
+        return;
+    }
+    let docs = manifest("examples/sidecar-fuse.yaml");
+    let spec = pod_spec(&docs);
+    let sidecar = drafs_container(spec);
+    downward_api_env(sidecar);
+    assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
+    assert_eq!(sidecar["volumeMounts"][0]["mountPropagation"], "Bidirectional");
+    assert_eq!(spec["containers"][0]["volumeMounts"][0]["mountPropagation"], "HostToContainer");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let dra = env.path("dra");
+    let args = remap(&sidecar["args"], &[("/dra", &dra)]);
+    let mut serve = Serve { child: Some(env.spawn(&as_strs(&args))), dir: dra.clone() };
+    let probe = remap(&sidecar["startupProbe"]["exec"]["command"], &[("/dra", &dra)]);
+    wait_until("the startupProbe to pass", LIMIT, || exec(&env, &probe).status.success());
+    assert_eq!(serve.read("nics/rdma/0/.status/interfaceName").as_deref(), Some("net1"));
+    let pre_stop = remap(&sidecar["lifecycle"]["preStop"]["exec"]["command"], &[("/dra", &dra)]);
+    assert!(exec(&env, &pre_stop).status.success());
+    assert!(!is_mounted(&dra), "preStop unmounts");
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+#[test]
+fn files_sidecar_example() {
+    let docs = manifest("examples/sidecar-files.yaml");
+    let spec = pod_spec(&docs);
+    let sidecar = drafs_container(spec);
+    downward_api_env(sidecar);
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert!(sidecar["securityContext"].get("privileged").is_none());
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let dra = env.path("dra");
+    let args = remap(&sidecar["args"], &[("/dra", &dra)]);
+    let mut serve = Serve { child: Some(env.spawn(&as_strs(&args))), dir: dra.clone() };
+    let probe = remap(&sidecar["startupProbe"]["exec"]["command"], &[("/dra", &dra)]);
+    wait_until("the startupProbe to pass", LIMIT, || exec(&env, &probe).status.success());
+    assert_eq!(serve.read("gpu/gpu/0/uuid").as_deref(), Some("GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"));
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+#[test]
+fn kubevirt_launcher_reads_the_standard_metadata() {
+    let docs = manifest("examples/kubevirt-launcher.yaml");
+    let spec = pod_spec(&docs);
+    let init = drafs_container(spec);
+    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/vm-passthrough.yaml");
+    let meta: PathBuf = env.path("meta");
+    let dra = env.path("dra");
+    let std_dir = "/var/run/kubernetes.io/dra-device-attributes";
+    let args = remap(&init["args"], &[(std_dir, &meta), ("/dra", &dra)]);
+    let out = env.run(&as_strs(&args), LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The launcher script, reading from the scratch copy, with the final exec shown instead of run.
+    let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let script = config["data"]["launch.sh"]
+        .as_str()
+        .unwrap()
+        .replace(std_dir, &meta.display().to_string())
+        .replace("exec /usr/bin/virt-launcher", "echo virt-launcher");
+    let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "passing through PCI device 0000:af:00.0\nvirt-launcher --hostdev 0000:af:00.0\n");
+}
