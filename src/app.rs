@@ -7,7 +7,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cli::{Backend, GetArgs, Global, InitArgs, Output, OutputArgs, ProbeArgs, SelectArgs, ServeArgs};
+use std::os::unix::process::CommandExt;
+
+use crate::cli::{Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs, ServeArgs};
+use crate::envvars;
+use crate::inject;
 use crate::files::AtomicDir;
 use crate::fuse::FuseMount;
 use crate::metadata::{self, Generations};
@@ -270,19 +274,24 @@ fn write_termination_log(path: &Path, message: &str) {
     }
 }
 
-pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
-    let sel = selection(&args.select);
-    let res = match &global.from_file {
-        Some(path) => resolve_file(global, path, &sel)?,
+/// Resolve once, from the file or the API, without waiting for what is missing.
+async fn resolve_once(global: &Global, select: &SelectArgs) -> Result<Resolution, Failure> {
+    let sel = selection(select);
+    match &global.from_file {
+        Some(path) => resolve_file(global, path, &sel),
         None => {
             let (client, pod) = client_and_pod(global).await?;
             let mut engine = Engine::new(client, pod, sel);
             engine
-                .run(deadline(args.select.timeout), true, |_| Ok(Flow::Continue))
+                .run(deadline(select.timeout), true, |_| Ok(Flow::Continue))
                 .await
-                .map_err(|e| engine_failure(e, args.select.timeout, &[]))?
+                .map_err(|e| engine_failure(e, select.timeout, &[]))
         }
-    };
+    }
+}
+
+pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
+    let res = resolve_once(global, &args.select).await?;
     let built = tree::build(&res, &[]);
     let mut out = std::io::stdout().lock();
     let printed = match args.output {
@@ -301,6 +310,56 @@ pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
     } else {
         Err(Failure::Failed(format!("incomplete: {}", built.missing.join("; "))))
     }
+}
+
+/// `exec`: set the variables and replace this process with the command.
+pub async fn exec(global: &Global, args: &ExecArgs) -> Result<(), Failure> {
+    let vars = match &args.from_dir {
+        Some(dir) => envvars::values(&args.env, &envvars::DirSource(dir.clone()), args.optional),
+        None => {
+            let res = resolve_once(global, &args.select).await?;
+            envvars::values(&args.env, &tree::build(&res, &[]).tree, args.optional)
+        }
+    }
+    .map_err(|e| Failure::Failed(e.to_string()))?;
+    let (program, rest) = args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
+    for (name, value) in &vars {
+        info!(%name, %value, "setting");
+    }
+    let err = std::process::Command::new(program).args(rest).envs(vars).exec();
+    Err(Failure::Failed(format!("cannot run {program}: {err}")))
+}
+
+/// `inject`: stdin to stdout.
+pub fn inject(args: &InjectArgs) -> Result<(), Failure> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| Failure::Failed(format!("cannot read stdin: {e}")))?;
+    let opts = inject::Options { mode: args.mode, image: args.image.clone(), dir: args.dir.clone() };
+    let (out, outcomes) = inject::inject(&text, &opts).map_err(|e| Failure::Failed(e.to_string()))?;
+    for outcome in outcomes {
+        match outcome {
+            inject::Outcome::Injected(what) => info!("{what}: drafs added"),
+            inject::Outcome::AlreadyInjected(what) => info!("{what}: already has drafs, unchanged"),
+            inject::Outcome::NoClaims(what) => warn!("{what}: no resourceClaims, unchanged"),
+            inject::Outcome::NotAWorkload(_) => {}
+        }
+    }
+    std::io::stdout().write_all(out.as_bytes()).map_err(|e| Failure::Failed(format!("cannot write stdout: {e}")))
+}
+
+/// `copy-self`: install this binary as DIR/drafs (atomically, mode 0755).
+pub fn copy_self(args: &CopySelfArgs) -> Result<(), Failure> {
+    let failed = |what: &str, e: std::io::Error| Failure::Failed(format!("copy-self: cannot {what}: {e}"));
+    let me = std::env::current_exe().map_err(|e| failed("find this binary", e))?;
+    std::fs::create_dir_all(&args.to).map_err(|e| failed(&format!("create {}", args.to.display()), e))?;
+    let tmp = args.to.join(".drafs.tmp");
+    let dest = args.to.join("drafs");
+    std::fs::copy(&me, &tmp).map_err(|e| failed(&format!("write {}", tmp.display()), e))?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| failed(&format!("chmod {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, &dest).map_err(|e| failed(&format!("rename to {}", dest.display()), e))?;
+    info!(to = %dest.display(), "copied");
+    Ok(())
 }
 
 /// Every file of the tree and its content; JSON records are summarized.

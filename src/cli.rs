@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::envvars::EnvSpec;
+use crate::inject::Mode;
 use crate::tree::RequirePath;
 
 #[derive(Debug, Parser)]
@@ -49,8 +51,52 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Unmount a FUSE tree at --dir (lazily if files are open); for a preStop hook.
     Unmount(ProbeArgs),
+    /// Set environment variables from device values and run a command in place of drafs.
+    Exec(ExecArgs),
+    /// Copy this static binary into a directory (a shared emptyDir), to use as an entrypoint wrapper.
+    CopySelf(CopySelfArgs),
+    /// Add drafs to Pod/Deployment/StatefulSet/Job/DaemonSet YAML read on stdin; print the result.
+    Inject(InjectArgs),
     /// Resolve once and print the devices and their attributes.
     Get(GetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InjectArgs {
+    /// How drafs runs in the pod.
+    #[arg(long, value_enum, default_value_t = Mode::Init)]
+    pub mode: Mode,
+    /// The drafs image to use.
+    #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
+    /// Where the tree is mounted in the containers.
+    #[arg(long, default_value = "/dra")]
+    pub dir: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// NAME=CLAIM/REQUEST/INDEX/ATTRIBUTE, or NAME=CLAIM/REQUEST/ATTRIBUTE for all devices joined with ','.
+    #[arg(long = "env", env = "DRAFS_ENV", value_delimiter = ',', required = true, value_name = "NAME=PATH")]
+    pub env: Vec<EnvSpec>,
+    /// Read values from a tree written by `init` or served by `serve`, instead of asking the API.
+    #[arg(long, env = "DRAFS_FROM_DIR", value_name = "DIR")]
+    pub from_dir: Option<PathBuf>,
+    /// Leave a variable unset when its value is missing, instead of failing.
+    #[arg(long, env = "DRAFS_OPTIONAL")]
+    pub optional: bool,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CopySelfArgs {
+    /// Directory to copy the binary into (as `drafs`).
+    #[arg(long, env = "DRAFS_COPY_TO", value_name = "DIR")]
+    pub to: PathBuf,
 }
 
 /// Where and how the tree is published.

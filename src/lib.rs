@@ -2,9 +2,11 @@
 
 pub mod app;
 pub mod cli;
+pub mod envvars;
 pub mod files;
 pub mod fsmodel;
 pub mod fuse;
+pub mod inject;
 pub mod metadata;
 pub mod names;
 pub mod objects;

@@ -26,7 +26,7 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Get(_) | Command::Probe(_) => "warn",
+        Command::Get(_) | Command::Probe(_) | Command::Exec(_) => "warn",
         _ => "info",
     };
     init_tracing(cli.global.log_format, default_level);
@@ -49,6 +49,9 @@ fn main() {
                     Ok(())
                 }
                 Command::Get(args) => app::get(&cli.global, args).await,
+                Command::Exec(args) => app::exec(&cli.global, args).await,
+                Command::CopySelf(args) => app::copy_self(args),
+                Command::Inject(args) => app::inject(args),
             }
         };
         // On a signal the command's future is dropped, which unmounts a FUSE tree.

@@ -1,0 +1,269 @@
+//! `drafs inject`: add drafs to Pod and workload manifests.
+//!
+//! Pure: YAML documents in, YAML documents out. Only pod specs with DRA claims
+//! are changed; a pod spec that already has a `drafs` container is left alone,
+//! so injecting twice changes nothing.
+
+use serde_json::{Value, json};
+
+pub const CONTAINER: &str = "drafs";
+const VOLUME: &str = "dra";
+const FUSE_VOLUME: &str = "dev-fuse";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error("input is not valid YAML: {0}")]
+    Parse(String),
+    #[error("cannot write YAML: {0}")]
+    Write(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// `drafs init` as an init container: values written once, no privileges.
+    Init,
+    /// `drafs serve` as a native sidecar with the FUSE backend: live values, privileged.
+    SidecarFuse,
+    /// `drafs serve` as a native sidecar with the files backend: live values, no privileges.
+    SidecarFiles,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub mode: Mode,
+    pub image: String,
+    pub dir: String,
+}
+
+/// What happened to each document (for the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Injected(String),
+    AlreadyInjected(String),
+    NoClaims(String),
+    NotAWorkload(String),
+}
+
+fn describe(doc: &Value) -> String {
+    format!(
+        "{} {}",
+        doc["kind"].as_str().unwrap_or("<no kind>"),
+        doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("<no name>")
+    )
+}
+
+/// The pod spec of a Pod or workload document, if it has one.
+fn pod_spec(doc: &mut Value) -> Option<&mut Value> {
+    let pointer = match doc["kind"].as_str()? {
+        "Pod" => "/spec",
+        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => "/spec/template/spec",
+        "CronJob" => "/spec/jobTemplate/spec/template/spec",
+        _ => return None,
+    };
+    doc.pointer_mut(pointer).filter(|s| s.is_object())
+}
+
+fn downward_env() -> Value {
+    json!([
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ])
+}
+
+fn drafs_container(opts: &Options) -> Value {
+    let dir = &opts.dir;
+    let probe = json!({"exec": {"command": ["/drafs", "probe", format!("--dir={dir}")]}, "periodSeconds": 1, "failureThreshold": 300});
+    let restricted = json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
+    let resources = json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}});
+    let mut c = json!({
+        "name": CONTAINER,
+        "image": opts.image,
+        "args": [],
+        "env": downward_env(),
+        "resources": resources,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": restricted,
+        "volumeMounts": [{"name": VOLUME, "mountPath": dir}],
+    });
+    match opts.mode {
+        Mode::Init => {
+            c["args"] = json!(["init", format!("--dir={dir}")]);
+        }
+        Mode::SidecarFiles => {
+            c["args"] = json!(["serve", "--backend=files", format!("--dir={dir}")]);
+            c["restartPolicy"] = json!("Always");
+            c["startupProbe"] = probe;
+        }
+        Mode::SidecarFuse => {
+            c["args"] = json!(["serve", "--backend=fuse", format!("--dir={dir}")]);
+            c["restartPolicy"] = json!("Always");
+            c["startupProbe"] = probe;
+            c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/drafs", "unmount", format!("--dir={dir}")]}}});
+            c["securityContext"] = json!({"privileged": true, "runAsUser": 0});
+            c["volumeMounts"] = json!([
+                {"name": VOLUME, "mountPath": dir, "mountPropagation": "Bidirectional"},
+                {"name": FUSE_VOLUME, "mountPath": "/dev/fuse"},
+            ]);
+        }
+    }
+    c
+}
+
+fn uses_claims(container: &Value) -> bool {
+    container.pointer("/resources/claims").and_then(Value::as_array).is_some_and(|c| !c.is_empty())
+}
+
+fn array<'a>(spec: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
+    let map = spec.as_object_mut().expect("pod spec is an object");
+    let entry = map.entry(key.to_string()).or_insert_with(|| json!([]));
+    if !entry.is_array() {
+        *entry = json!([]);
+    }
+    entry.as_array_mut().expect("just made an array")
+}
+
+/// Inject into one pod spec; returns false when nothing was to be done.
+fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, ()> {
+    let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
+    if !has_claims {
+        return Err(());
+    }
+    let already = ["initContainers", "containers"].iter().any(|k| {
+        spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER))
+    });
+    if already {
+        return Ok(false);
+    }
+    let map = spec.as_object_mut().expect("pod spec is an object");
+    if map.get("serviceAccountName").and_then(Value::as_str).is_none_or(str::is_empty) {
+        map.insert("serviceAccountName".into(), json!("drafs"));
+    }
+    let mount = match opts.mode {
+        Mode::SidecarFuse => json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"}),
+        _ => json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true}),
+    };
+    for key in ["initContainers", "containers"] {
+        if let Some(containers) = spec.get_mut(key).and_then(Value::as_array_mut) {
+            for c in containers.iter_mut().filter(|c| uses_claims(c)) {
+                let mounts = array(c, "volumeMounts");
+                if !mounts.iter().any(|m| m["name"] == VOLUME || m["mountPath"] == json!(opts.dir)) {
+                    mounts.push(mount.clone());
+                }
+            }
+        }
+    }
+    array(spec, "initContainers").insert(0, drafs_container(opts));
+    let volumes = array(spec, "volumes");
+    let dra_volume = match opts.mode {
+        Mode::SidecarFuse => json!({"name": VOLUME, "emptyDir": {}}),
+        _ => json!({"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}}),
+    };
+    volumes.push(dra_volume);
+    if opts.mode == Mode::SidecarFuse {
+        volumes.push(json!({"name": FUSE_VOLUME, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
+    }
+    Ok(true)
+}
+
+/// Inject into every document; documents that are not workloads pass unchanged.
+pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>) {
+    if doc["kind"] == "List" {
+        if let Some(items) = doc.get_mut("items").and_then(Value::as_array_mut) {
+            for item in items {
+                inject_value(item, opts, outcomes);
+            }
+        }
+        return;
+    }
+    let what = describe(doc);
+    let outcome = match pod_spec(doc) {
+        None => Outcome::NotAWorkload(what),
+        Some(spec) => match inject_spec(spec, opts) {
+            Ok(true) => Outcome::Injected(what),
+            Ok(false) => Outcome::AlreadyInjected(what),
+            Err(()) => Outcome::NoClaims(what),
+        },
+    };
+    outcomes.push(outcome);
+}
+
+/// Parse YAML documents, inject, and print them again.
+pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), InjectError> {
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options).map_err(|e| InjectError::Parse(e.to_string()))?;
+    let mut outcomes = Vec::new();
+    let mut out = String::new();
+    for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+        inject_value(&mut doc, opts, &mut outcomes);
+        if !out.is_empty() {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_saphyr::to_string(&doc).map_err(|e| InjectError::Write(e.to_string()))?);
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok((out, outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(mode: Mode) -> Options {
+        Options { mode, image: "drafs:test".into(), dir: "/dra".into() }
+    }
+
+    const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: trainer}
+spec:
+  template:
+    spec:
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: single-gpu}]
+      containers:
+      - name: app
+        image: app
+        resources: {claims: [{name: gpu}]}
+      - name: logger
+        image: logger
+"#;
+
+    #[test]
+    fn injects_fuse_sidecar_and_mounts_only_claim_users() {
+        let (out, outcomes) = inject(DEPLOYMENT, &opts(Mode::SidecarFuse)).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Injected("Deployment trainer".into())]);
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let spec = &doc["spec"]["template"]["spec"];
+        assert_eq!(spec["serviceAccountName"], "drafs");
+        assert_eq!(spec["initContainers"][0]["name"], "drafs");
+        assert_eq!(spec["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(spec["containers"][0]["volumeMounts"][0]["mountPropagation"], "HostToContainer");
+        assert!(spec["containers"][1].get("volumeMounts").is_none(), "containers without claims are untouched");
+        assert_eq!(spec["volumes"][1]["hostPath"]["path"], "/dev/fuse");
+        // Keys keep their order: apiVersion stays first.
+        assert!(out.starts_with("apiVersion: apps/v1\nkind: Deployment\n"), "{out}");
+    }
+
+    #[test]
+    fn idempotent_and_leaves_other_documents_alone() {
+        let input = format!("{DEPLOYMENT}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\ndata: {{a: b}}\n");
+        let (once, _) = inject(&input, &opts(Mode::Init)).unwrap();
+        let (twice, outcomes) = inject(&once, &opts(Mode::Init)).unwrap();
+        assert_eq!(once, twice);
+        assert_eq!(outcomes[0], Outcome::AlreadyInjected("Deployment trainer".into()));
+        assert_eq!(outcomes[1], Outcome::NotAWorkload("ConfigMap c".into()));
+    }
+
+    #[test]
+    fn pods_without_claims_are_unchanged() {
+        let input = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: a}]}\n";
+        let (out, outcomes) = inject(input, &opts(Mode::Init)).unwrap();
+        assert_eq!(outcomes, vec![Outcome::NoClaims("Pod p".into())]);
+        let (round, _) = inject(&out, &opts(Mode::Init)).unwrap();
+        assert_eq!(out, round);
+        assert!(!out.contains("drafs"));
+    }
+}

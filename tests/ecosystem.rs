@@ -1,0 +1,119 @@
+//! `drafs exec` and `drafs copy-self`: apps that only read environment variables.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn exec_sets_variables_from_a_tree_and_from_the_api() {
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let dir = env.path("dra");
+    assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
+    let script = r#"printf '%s|%s|%s' "$IFS_ALL" "$MTU0" "${UNSET-unset}""#;
+    let vars = ["--env", "IFS_ALL=nics/rdma/.status/interfaceName", "--env", "MTU0=nics/rdma/0/dra.net/mtu"];
+    let mut args = vec!["exec", "--from-dir", dir.to_str().unwrap()];
+    args.extend(vars);
+    args.extend(["--", "sh", "-c", script]);
+    let out = env.run(&args, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "net1,net2|9000|unset");
+
+    // The same values straight from the API (no tree).
+    let mut args = vec!["exec"];
+    args.extend(vars);
+    args.extend(["--", "sh", "-c", script]);
+    let out = env.run(&args, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "net1,net2|9000|unset");
+}
+
+#[test]
+fn exec_refuses_missing_values_unless_optional() {
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let dir = env.path("dra");
+    assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
+    let marker = env.path("ran");
+    let cmd = format!("touch {}", marker.display());
+    let out = env.run(&["exec", "--from-dir", dir.to_str().unwrap(), "--env", "SERIAL=gpu/gpu/0/serial", "--", "sh", "-c", &cmd], LIMIT);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("SERIAL: no value at gpu/gpu/0/serial"), "{}", stderr(&out));
+    assert!(!marker.exists(), "the command does not run");
+
+    let out = env.run(
+        &["exec", "--optional", "--from-dir", dir.to_str().unwrap(), "--env", "SERIAL=gpu/gpu/0/serial", "--env", "UUID=gpu/gpu/0/uuid", "--", "sh", "-c", r#"printf '%s/%s' "${SERIAL-unset}" "$UUID""#],
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "unset/GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+
+    let out = env.run(&["exec", "--env", "1BAD=gpu/gpu/0/uuid", "--", "true"], LIMIT);
+    assert_eq!(out.status.code(), Some(2), "bad variable names are usage errors");
+}
+
+#[test]
+fn copy_self_installs_a_runnable_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("shared");
+    let out = std::process::Command::new(drafs_bin()).args(["copy-self", "--to"]).arg(&to).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    use std::os::unix::fs::PermissionsExt;
+    let copy = to.join("drafs");
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o755);
+    let out = std::process::Command::new(&copy).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(stdout(&out).starts_with("drafs "), "{}", stdout(&out));
+    assert!(!to.join(".drafs.tmp").exists());
+}
+
+fn inject(mode: &str, input: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", mode, "--image", "drafs:test"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = wait_output(child, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn inject_matches_the_expected_yaml_and_is_idempotent() {
+    for input in ["deployment", "workloads"] {
+        let text = read(&format!("tests/inject/{input}.yaml"));
+        for mode in ["init", "sidecar-fuse", "sidecar-files"] {
+            let expected = read(&format!("tests/inject/{input}.{mode}.yaml"));
+            let once = inject(mode, &text);
+            assert_eq!(once, expected, "{input} in mode {mode}");
+            assert_eq!(inject(mode, &once), once, "injecting twice changes nothing ({input}, {mode})");
+        }
+    }
+}
+
+#[test]
+fn injected_pod_is_a_valid_pod_with_the_example_wiring() {
+    let out = inject("sidecar-fuse", &read("tests/inject/workloads.yaml"));
+    let docs = yaml_docs(&out);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(docs[0].clone()).unwrap();
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.service_account_name.as_deref(), Some("launcher"), "an existing service account is kept");
+    let init = spec.init_containers.unwrap();
+    assert_eq!(init[0].name, "drafs");
+    assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+    assert_eq!(init[1].name, "prepare");
+    let prepare_mount = &init[1].volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(prepare_mount.mount_propagation.as_deref(), Some("HostToContainer"));
+    let compute = &spec.containers[0];
+    assert_eq!(compute.volume_mounts.as_ref().unwrap().len(), 2, "the existing mount is kept, /dra added");
+    // Other documents pass through: the Service is still there, the StatefulSet unchanged.
+    assert_eq!(docs.len(), 5);
+    assert_eq!(docs[4]["kind"], "Service");
+    assert!(docs[3]["spec"]["template"]["spec"].get("initContainers").is_none());
+}
