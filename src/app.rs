@@ -1,6 +1,7 @@
 //! The commands: wiring of source, resolver, tree and outputs.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use std::os::unix::process::CommandExt;
 
 use crate::cli::{Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs, ServeArgs};
 use crate::envvars;
+use crate::events::{self, Events, Note};
+use crate::metrics::{self, Metrics};
 use crate::inject;
 use crate::files::AtomicDir;
 use crate::fuse::FuseMount;
@@ -146,6 +149,16 @@ fn deadline(timeout: Duration) -> Option<Instant> {
     (!timeout.is_zero()).then(|| Instant::now() + timeout)
 }
 
+/// Metrics for a run; serves them when `--metrics-addr` is set.
+async fn start_metrics(out: &OutputArgs) -> Result<Arc<Metrics>, Failure> {
+    let m = Arc::new(Metrics::default());
+    if let Some(addr) = out.metrics_addr {
+        let listener = metrics::bind(addr).await.map_err(|e| Failure::Usage(format!("--metrics-addr {addr}: {e}")))?;
+        tokio::spawn(metrics::serve(listener, m.clone()));
+    }
+    Ok(m)
+}
+
 pub async fn init(global: &Global, args: &InitArgs) -> Result<(), Failure> {
     let result = init_inner(global, args).await;
     if let Err(Failure::Failed(message)) = &result {
@@ -157,6 +170,7 @@ pub async fn init(global: &Global, args: &InitArgs) -> Result<(), Failure> {
 async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
+    let metrics = start_metrics(out).await?;
     let mut publisher = Publisher::new(TreeOutput::Files(AtomicDir::new(&out.dir)), out);
     if let Some(path) = &global.from_file {
         let res = resolve_file(global, path, &sel)?;
@@ -170,13 +184,16 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
     }
     let (client, pod) = client_and_pod(global).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), "resolving");
+    let events = Events::start(client.clone(), pod.clone(), out.events);
     let started = Instant::now();
-    let mut engine = Engine::new(client, pod, sel);
+    let mut engine = Engine::new(client, pod, sel).with_metrics(Some(metrics.clone()));
     let mut missing: Vec<String> = Vec::new();
+    let mut summary = String::new();
     let result = engine
         .run(deadline(args.select.timeout), false, |res| {
             let built = tree::build(res, &out.require);
             if !built.is_ready() {
+                metrics.tree_published(false, built.tree.len(), &built.missing);
                 if built.missing != missing {
                     info!("waiting for: {}", built.missing.join("; "));
                     missing = built.missing;
@@ -184,11 +201,34 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
                 return Ok(Flow::Continue);
             }
             publisher.publish(res, &built).map_err(EngineError::Output)?;
-            info!(dir = %out.dir.display(), files = built.tree.len(), elapsed_ms = started.elapsed().as_millis() as u64, "tree written, ready");
+            metrics.tree_published(true, built.tree.len(), &[]);
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            info!(dir = %out.dir.display(), files = built.tree.len(), elapsed_ms, "tree written, ready");
+            summary = ready_summary(res, elapsed_ms);
             Ok(Flow::Stop)
         })
         .await;
-    result.map(|_| ()).map_err(|e| engine_failure(e, args.select.timeout, &missing))
+    let uid = engine.pod_uid();
+    let outcome = match result {
+        Ok(_) => {
+            events.record(Note { warning: false, reason: events::READY, message: summary, uid });
+            Ok(())
+        }
+        Err(e) => {
+            let failure = engine_failure(e, args.select.timeout, &missing);
+            events.record(Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid });
+            Err(failure)
+        }
+    };
+    events.finish().await;
+    outcome
+}
+
+/// "2 devices of 1 claim ready after 12 ms".
+fn ready_summary(res: &Resolution, elapsed_ms: u64) -> String {
+    let devices: usize = res.claims.iter().map(|c| c.devices.len()).sum();
+    let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
+    format!("{} of {} ready after {elapsed_ms} ms", plural(devices, "device"), plural(res.claims.len(), "claim"))
 }
 
 /// Serve until stopped; fails only if not ready by the deadline (or at start-up).
@@ -203,8 +243,11 @@ pub async fn serve(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
 async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
+    let metrics = start_metrics(out).await?;
     let tree_output = match args.backend {
-        Backend::Fuse => TreeOutput::Fuse(FuseMount::mount(&out.dir).map_err(|e| Failure::Failed(e.to_string()))?),
+        Backend::Fuse => TreeOutput::Fuse(
+            FuseMount::mount(&out.dir, Some(metrics.clone())).map_err(|e| Failure::Failed(e.to_string()))?,
+        ),
         Backend::Files => TreeOutput::Files(AtomicDir::new(&out.dir)),
     };
     let mut publisher = Publisher::new(tree_output, out);
@@ -212,6 +255,7 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
         let res = resolve_file(global, path, &sel)?;
         let built = tree::build(&res, &out.require);
         publisher.publish(&res, &built).map_err(Failure::Failed)?;
+        metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
         if !built.is_ready() {
             warn!("not ready: {}", built.missing.join("; "));
         }
@@ -220,19 +264,32 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
     }
     let (client, pod) = client_and_pod(global).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), backend = ?args.backend, "resolving");
+    let events = Events::start(client.clone(), pod.clone(), out.events);
     let started = Instant::now();
-    let mut engine = Engine::new(client, pod, sel);
+    let mut engine = Engine::new(client, pod, sel).with_metrics(Some(metrics.clone()));
     let mut missing: Vec<String> = Vec::new();
     let mut was_ready = false;
     let mut updates: u64 = 0;
+    let mut uid: Option<String> = None;
     let result = engine
         .run(deadline(args.select.timeout), false, |res| {
             let built = tree::build(res, &out.require);
             publisher.publish(res, &built).map_err(EngineError::Output)?;
+            metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
             updates += 1;
+            uid = Some(res.pod.uid.clone()).filter(|u| !u.is_empty());
+            let elapsed_ms = started.elapsed().as_millis() as u64;
             match (was_ready, built.is_ready()) {
-                (false, true) => info!(files = built.tree.len(), elapsed_ms = started.elapsed().as_millis() as u64, "ready"),
-                (true, false) => warn!("no longer ready, values removed: {}", built.missing.join("; ")),
+                (false, true) => {
+                    info!(files = built.tree.len(), elapsed_ms, "ready");
+                    let message = ready_summary(res, elapsed_ms);
+                    events.record(Note { warning: false, reason: events::READY, message, uid: uid.clone() });
+                }
+                (true, false) => {
+                    let message = format!("no longer ready, values removed: {}", built.missing.join("; "));
+                    warn!("{message}");
+                    events.record(Note { warning: true, reason: events::NOT_READY, message, uid: uid.clone() });
+                }
                 (true, true) => info!(files = built.tree.len(), updates, "tree updated"),
                 (false, false) if built.missing != missing => info!("waiting for: {}", built.missing.join("; ")),
                 (false, false) => {}
@@ -242,7 +299,15 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
             Ok(if was_ready { Flow::Ready } else { Flow::Continue })
         })
         .await;
-    result.map(|_| ()).map_err(|e| engine_failure(e, args.select.timeout, &missing))
+    // The engine only returns with an error (serve has no end but a signal).
+    let failure = match result {
+        Ok(_) => return Ok(()),
+        Err(e) => engine_failure(e, args.select.timeout, &missing),
+    };
+    let uid = uid.or_else(|| engine.pod_uid());
+    events.record(Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid });
+    events.finish().await;
+    Err(failure)
 }
 
 /// `probe`: one line on stdout, exit 0 when ready.

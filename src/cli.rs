@@ -114,6 +114,12 @@ pub struct OutputArgs {
     /// Where to write the failure message so that `kubectl describe pod` shows it.
     #[arg(long, env = "DRAFS_TERMINATION_LOG", default_value = "/dev/termination-log", value_name = "FILE")]
     pub termination_log: PathBuf,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090); off by default.
+    #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Record Kubernetes Events on the pod (needs the optional events Role of examples/rbac.yaml).
+    #[arg(long, env = "DRAFS_EVENTS", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub events: bool,
 }
 
 #[derive(Debug, Args)]

@@ -20,6 +20,7 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
+use crate::metrics::Metrics;
 use crate::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
 use crate::tree::Tree;
 
@@ -40,6 +41,7 @@ type Current = Arc<RwLock<Arc<FsSnapshot>>>;
 
 struct DraFs {
     current: Current,
+    metrics: Option<Arc<Metrics>>,
     no_open: AtomicBool,
     uid: u32,
     gid: u32,
@@ -136,6 +138,9 @@ impl Filesystem for DraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if let Some(m) = &self.metrics {
+            m.fuse_read();
+        }
         match self.snapshot().read(ino.0, offset, size) {
             Ok(data) => reply.data(data),
             Err(e) => reply.error(errno(e)),
@@ -190,11 +195,12 @@ pub struct FuseMount {
 
 impl FuseMount {
     /// Clear a stale mount left at `dir`, then mount an empty tree there.
-    pub fn mount(dir: &Path) -> Result<Self, FuseError> {
+    pub fn mount(dir: &Path, metrics: Option<Arc<Metrics>>) -> Result<Self, FuseError> {
         prepare_mount_point(dir)?;
         let current: Current = Arc::new(RwLock::new(Arc::new(FsSnapshot::empty())));
         let fs = DraFs {
             current: current.clone(),
+            metrics,
             no_open: AtomicBool::new(false),
             // SAFETY: geteuid/getegid have no preconditions and cannot fail.
             uid: unsafe { libc::geteuid() },

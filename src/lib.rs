@@ -3,10 +3,12 @@
 pub mod app;
 pub mod cli;
 pub mod envvars;
+pub mod events;
 pub mod files;
 pub mod fsmodel;
 pub mod fuse;
 pub mod inject;
+pub mod metrics;
 pub mod metadata;
 pub mod names;
 pub mod objects;

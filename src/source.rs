@@ -9,6 +9,7 @@
 //! shipped RBAC grants `get pods`, not `watch`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::metrics::Metrics;
 use crate::resolve::{Missing, Resolution, Selection, resolve};
 use crate::store::{Scope, ScopeEvent, Store};
 
@@ -37,12 +39,26 @@ pub enum ApiError {
     #[error("pod {namespace}/{name} not found; set POD_NAME and POD_NAMESPACE from the downward API (metadata.name, metadata.namespace) or pass --pod-name/--pod-namespace")]
     PodNotFound { namespace: String, name: String },
     #[error("cannot {verb} {resource}{scope}: {message}")]
-    Failed { verb: &'static str, resource: String, scope: String, message: String },
+    Failed { verb: &'static str, resource: String, scope: String, message: String, code: Option<u16> },
 }
 
 impl ApiError {
     pub fn is_fatal(&self) -> bool {
         !matches!(self, ApiError::Failed { .. })
+    }
+
+    /// The HTTP status the API server answered with, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiError::Forbidden { .. } => Some(403),
+            ApiError::Unauthorized { .. } => Some(401),
+            ApiError::PodNotFound { .. } => Some(404),
+            ApiError::Failed { code, .. } => *code,
+        }
+    }
+
+    fn is_watch(&self) -> bool {
+        matches!(self, ApiError::Failed { verb: "watch", .. } | ApiError::Forbidden { verb: "watch", .. })
     }
 
     fn classify(err: &kube::Error, verb: &'static str, resource: &str, scope: String) -> Self {
@@ -59,8 +75,9 @@ impl ApiError {
                 resource,
                 scope,
                 message: format!("HTTP {} {}: {}", status.code, status.reason, status.message),
+                code: Some(status.code),
             },
-            other => ApiError::Failed { verb, resource, scope, message: error_chain(other) },
+            other => ApiError::Failed { verb, resource, scope, message: error_chain(other), code: None },
         }
     }
 }
@@ -129,6 +146,8 @@ impl Backoff for RetryBackoff {
 enum Update {
     Event(Scope, ScopeEvent),
     Error(Scope, ApiError),
+    /// A watch expired (410 Gone) and relists.
+    Expired(Scope),
 }
 
 /// Which pod to read.
@@ -152,6 +171,7 @@ pub struct Engine {
     pod_fetch_at: Option<Instant>,
     /// Set once the callback said `Ready`.
     serving: bool,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Drop for Engine {
@@ -188,6 +208,27 @@ impl Engine {
             pod_backoff: RetryBackoff::default(),
             pod_fetch_at: Some(Instant::now()),
             serving: false,
+            metrics: None,
+        }
+    }
+
+    /// Count API errors and watch restarts into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<Metrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The pod's uid, once fetched.
+    pub fn pod_uid(&self) -> Option<String> {
+        self.store.pod.as_ref().and_then(|p| p.metadata.uid.clone())
+    }
+
+    fn count_error(&self, error: &ApiError) {
+        if let Some(m) = &self.metrics {
+            m.api_error(error.code());
+            if error.is_watch() {
+                m.watch_restarted();
+            }
         }
     }
 
@@ -286,7 +327,14 @@ impl Engine {
                 self.errors.remove(&scope.to_string());
                 self.store.apply(&scope, event);
             }
+            Update::Expired(scope) => {
+                debug!(%scope, "watch expired (410 Gone); relisting");
+                if let Some(m) = &self.metrics {
+                    m.watch_restarted();
+                }
+            }
             Update::Error(scope, error) => {
+                self.count_error(&error);
                 if error.is_fatal() && !self.serving {
                     return Err(error.into());
                 }
@@ -322,6 +370,7 @@ impl Engine {
             }
             Err(e) => {
                 let error = ApiError::classify(&e, "get", "pods", format!(" ({}/{})", self.pod.namespace, self.pod.name));
+                self.count_error(&error);
                 if error.is_fatal() && !self.serving {
                     return Err(error.into());
                 }
@@ -381,18 +430,26 @@ where
                 let selector = format!(" ({})", scope.field_selector());
                 let resource = scope.resource();
                 let error = match &e {
+                    watcher::Error::WatchError(status) if status.code == 410 => {
+                        if tx.send(Update::Expired(scope.clone())).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                     watcher::Error::InitialListFailed(inner) => ApiError::classify(inner, "list", resource, selector),
                     watcher::Error::WatchStartFailed(inner) | watcher::Error::WatchFailed(inner) => {
                         ApiError::classify(inner, "watch", resource, selector)
                     }
-                    watcher::Error::WatchError(status) if status.code == 410 => {
-                        debug!(%scope, "watch expired (410 Gone); relisting");
-                        continue;
-                    }
                     watcher::Error::WatchError(status) => {
                         ApiError::classify(&kube::Error::Api(status.clone()), "watch", resource, selector)
                     }
-                    other => ApiError::Failed { verb: "watch", resource: resource.into(), scope: selector, message: error_chain(other) },
+                    other => ApiError::Failed {
+                        verb: "watch",
+                        resource: resource.into(),
+                        scope: selector,
+                        message: error_chain(other),
+                        code: None,
+                    },
                 };
                 Update::Error(scope.clone(), error)
             }

@@ -29,12 +29,12 @@ fn assert_failed(out: &std::process::Output) -> String {
     err
 }
 
-/// Requests other than watches, as sorted (verb resource, field selector) pairs.
+/// GETs and LISTs, as sorted (verb resource, field selector) pairs.
 fn reads(api: &TestApi) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = api
         .requests()
         .iter()
-        .filter(|r| r.verb != "watch")
+        .filter(|r| r.verb == "get" || r.verb == "list")
         .map(|r| (format!("{} {}", r.verb, r.resource), r.field_selector.clone()))
         .collect();
     v.sort();
@@ -65,6 +65,15 @@ fn template_claim_with_stale_pool_generation() {
     let whole: Value = serde_json::from_str(&tree[".json"]).unwrap();
     assert_eq!(whole["claims"][0]["resourceClaimName"], "trainer-0-gpu-x7k2p");
     assert_eq!(whole["pod"]["nodeName"], "gpu-node-7");
+
+    // A Normal event on the pod says so.
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "Normal");
+    assert_eq!(events[0]["reason"], "DeviceAttributesReady");
+    assert_eq!(events[0]["involvedObject"]["name"], "trainer-0");
+    assert_eq!(events[0]["involvedObject"]["uid"], "6f1d2c3a-9b8e-4d7f-a1b2-c3d4e5f60718");
+    assert!(events[0]["message"].as_str().unwrap().starts_with("1 device of 1 claim ready after"), "{}", events[0]["message"]);
 
     // Node-local devices: one pod GET, one claim list, one node slice list, nothing else.
     assert_eq!(
@@ -274,6 +283,11 @@ fn timeout_names_what_is_missing_and_writes_the_termination_log() {
     }
     let log = env.termination_log();
     assert!(log.contains("gpu.example.com/n1/g7"), "termination log: {log:?}");
+    let events = api.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["reason"], "DeviceAttributesNotReady");
+    assert_eq!(events[0]["message"], log.as_str(), "the event says what the termination log says");
     assert!(!env.path("dra").join("..data").exists(), "nothing written when not ready");
 }
 
@@ -319,6 +333,7 @@ fn forbidden_names_verb_resource_and_the_rbac_example() {
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
     let err = assert_failed(&init(&env, &["--timeout", "60s"]));
     assert!(err.contains("may not list resourceslices") && err.contains("spec.nodeName=gpu-node-7"), "{err}");
+    assert_eq!(api.events()[0]["type"], "Warning", "the failure is also an event");
 }
 
 #[test]
@@ -344,8 +359,9 @@ fn shipped_rbac_is_exactly_what_is_used() {
     api.apply(slice("s", "gpu.example.com", "shared-pool", 1, None, &[("g0", json!({"uuid": {"string": "X"}}))]));
     assert_ok(&wait_output(child, LIMIT));
     let used: BTreeSet<(String, String)> =
-        api.requests().iter().filter(|r| r.status == 200).map(|r| (r.verb.clone(), r.resource.clone())).collect();
+        api.requests().iter().filter(|r| (200..300).contains(&r.status)).map(|r| (r.verb.clone(), r.resource.clone())).collect();
     let expected: BTreeSet<(String, String)> = [
+        ("create", "events"),
         ("get", "pods"),
         ("list", "resourceclaims"),
         ("watch", "resourceclaims"),
@@ -356,7 +372,7 @@ fn shipped_rbac_is_exactly_what_is_used() {
     .map(|(v, r)| (v.to_string(), r.to_string()))
     .collect();
     assert_eq!(used, expected);
-    // The Role and ClusterRole grant exactly these and nothing else.
+    // The Roles and the ClusterRole grant exactly these and nothing else.
     let rbac = yaml_docs(&read("examples/rbac.yaml"));
     let mut granted = BTreeSet::new();
     for doc in rbac.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
@@ -383,7 +399,7 @@ fn transient_failures_are_retried() {
     let out = init(&env, &["--timeout", "60s"]);
     assert_ok(&out);
     assert_eq!(read_tree(&env.path("dra"))["gpu/gpu/0/productName"], "NVIDIA H200");
-    let failed = api.requests().iter().filter(|r| r.status != 200).count();
+    let failed = api.requests().iter().filter(|r| !(200..300).contains(&r.status)).count();
     assert_eq!(failed, 4);
 }
 
@@ -560,4 +576,25 @@ fn bad_flags_exit_with_usage_code() {
     let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", "soon"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("invalid duration"));
+}
+
+#[test]
+fn events_are_optional() {
+    // RBAC without the optional events Role: a single warning, and ready all the same.
+    let rbac: String = read("examples/rbac.yaml");
+    let without: Vec<&str> = rbac.split("\n---\n").filter(|d| !d.contains("drafs-events")).collect();
+    let api = TestApi::start(&without.join("\n---\n"), "ml");
+    api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
+    api.load_yaml(&read("examples/gpu-training.yaml"));
+    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
+    let out = init(&env, &[]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("cannot create events"), "{}", stderr(&out));
+    assert!(api.events().is_empty());
+    assert!(api.requests().iter().any(|r| r.verb == "create" && r.status == 403));
+
+    // --events=false: not even tried.
+    api.clear_requests();
+    assert_ok(&init(&env, &["--events=false"]));
+    assert!(api.requests().iter().all(|r| r.verb != "create"));
 }

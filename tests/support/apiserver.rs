@@ -29,6 +29,7 @@ pub enum Res {
     Pods,
     ResourceClaims,
     ResourceSlices,
+    Events,
 }
 
 impl Res {
@@ -37,6 +38,7 @@ impl Res {
             "Pod" => Some(Res::Pods),
             "ResourceClaim" => Some(Res::ResourceClaims),
             "ResourceSlice" => Some(Res::ResourceSlices),
+            "Event" => Some(Res::Events),
             _ => None,
         }
     }
@@ -45,17 +47,18 @@ impl Res {
             Res::Pods => "pods",
             Res::ResourceClaims => "resourceclaims",
             Res::ResourceSlices => "resourceslices",
+            Res::Events => "events",
         }
     }
     fn group(self) -> &'static str {
         match self {
-            Res::Pods => "",
+            Res::Pods | Res::Events => "",
             _ => "resource.k8s.io",
         }
     }
     fn api_version(self) -> &'static str {
         match self {
-            Res::Pods => "v1",
+            Res::Pods | Res::Events => "v1",
             _ => "resource.k8s.io/v1",
         }
     }
@@ -64,6 +67,7 @@ impl Res {
             Res::Pods => "Pod",
             Res::ResourceClaims => "ResourceClaim",
             Res::ResourceSlices => "ResourceSlice",
+            Res::Events => "Event",
         }
     }
     fn namespaced(self) -> bool {
@@ -74,6 +78,7 @@ impl Res {
             Res::Pods => &["metadata.name", "metadata.namespace", "spec.nodeName"],
             Res::ResourceClaims => &["metadata.name", "metadata.namespace"],
             Res::ResourceSlices => &["metadata.name", "spec.nodeName", "spec.driver"],
+            Res::Events => &["metadata.name", "involvedObject.name"],
         }
     }
 }
@@ -402,6 +407,13 @@ impl TestApi {
         removed
     }
 
+    /// Events created by clients, oldest first.
+    pub fn events(&self) -> Vec<Value> {
+        let mut events: Vec<Value> = self.state().objects.iter().filter(|((r, _, _), _)| *r == Res::Events).map(|(_, o)| o.clone()).collect();
+        events.sort_by_key(|e| e["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<u64>().ok()));
+        events
+    }
+
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let res = Res::from_kind(kind)?;
         let ns = if res.namespaced() { namespace.to_string() } else { String::new() };
@@ -461,6 +473,7 @@ fn route(path: &str) -> Option<Route> {
     };
     let res = match (res, resource) {
         (None, "pods") => Res::Pods,
+        (None, "events") => Res::Events,
         (Some(()), "resourceclaims") => Res::ResourceClaims,
         (Some(()), "resourceslices") => Res::ResourceSlices,
         _ => return None,
@@ -564,6 +577,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     };
     let is_watch = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = match (req.method().as_str(), &route.name, is_watch) {
+        ("POST", None, _) if route.res == Res::Events => "create",
         ("GET", Some(_), _) => "get",
         ("GET", None, true) => "watch",
         ("GET", None, false) => "list",
@@ -625,6 +639,34 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         Err(e) => return Ok(record(&shared, arrived, verb, route.res.name(), &path, &query, status_response(400, "BadRequest", &e))),
     };
     let response = match verb {
+        "create" => {
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return Ok(status_response(400, "BadRequest", "unreadable body")),
+            };
+            match serde_json::from_slice::<Value>(&body) {
+                Ok(mut object) if object["kind"] == "Event" => {
+                    let name = match object["metadata"]["name"].as_str() {
+                        Some(n) => n.to_string(),
+                        None => {
+                            let mut s = shared.state.lock().unwrap();
+                            s.rv += 1;
+                            format!("{}{:05x}", object["metadata"]["generateName"].as_str().unwrap_or("event-"), s.rv)
+                        }
+                    };
+                    object["metadata"]["name"] = json!(name);
+                    object["metadata"]["namespace"] = json!(route.namespace.clone().unwrap_or_default());
+                    let mut s = shared.state.lock().unwrap();
+                    s.rv += 1;
+                    object["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                    s.objects.insert((Res::Events, route.namespace.clone().unwrap_or_default(), name), object.clone());
+                    let mut response = json_response(&object);
+                    *response.status_mut() = StatusCode::CREATED;
+                    response
+                }
+                _ => status_response(400, "BadRequest", "the body is not an Event"),
+            }
+        }
         "get" => {
             let s = shared.state.lock().unwrap();
             let key = (route.res, route.namespace.clone().unwrap_or_default(), route.name.clone().unwrap());

@@ -1,0 +1,220 @@
+//! Prometheus metrics, `/healthz` and `/readyz` (off unless `--metrics-addr`).
+//!
+//! The counters are plain atomics updated by the engine and the commands; the
+//! HTTP side is a minimal HTTP/1.1 responder (GET only, one request per
+//! connection), enough for Prometheus and kubelet probes without a server stack.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tracing::{debug, info};
+
+#[derive(Debug)]
+pub struct Metrics {
+    started: Instant,
+    /// Milliseconds from start to the first ready tree, +1 (0: not yet).
+    ready_after_ms: AtomicU64,
+    ready: AtomicBool,
+    not_ready_reason: Mutex<String>,
+    tree_updates: AtomicU64,
+    watch_restarts: AtomicU64,
+    values_served: AtomicU64,
+    fuse_reads: AtomicU64,
+    api_errors: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            ready_after_ms: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            not_ready_reason: Mutex::new("starting".into()),
+            tree_updates: AtomicU64::new(0),
+            watch_restarts: AtomicU64::new(0),
+            values_served: AtomicU64::new(0),
+            fuse_reads: AtomicU64::new(0),
+            api_errors: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl Metrics {
+    /// Record a published tree: its readiness and how many values it holds.
+    pub fn tree_published(&self, ready: bool, values: usize, missing: &[String]) {
+        self.tree_updates.fetch_add(1, Ordering::Relaxed);
+        self.values_served.store(values as u64, Ordering::Relaxed);
+        self.ready.store(ready, Ordering::Relaxed);
+        if ready {
+            let ms = self.started.elapsed().as_millis() as u64 + 1;
+            let _ = self.ready_after_ms.compare_exchange(0, ms, Ordering::Relaxed, Ordering::Relaxed);
+        } else if let Ok(mut r) = self.not_ready_reason.lock() {
+            *r = missing.join("; ");
+        }
+    }
+
+    pub fn watch_restarted(&self) {
+        self.watch_restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count an API error by HTTP status code ("none" for transport errors).
+    pub fn api_error(&self, code: Option<u16>) {
+        let key = code.map_or_else(|| "none".to_string(), |c| c.to_string());
+        if let Ok(mut m) = self.api_errors.lock() {
+            *m.entry(key).or_default() += 1;
+        }
+    }
+
+    pub fn fuse_read(&self) {
+        self.fuse_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, String)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let ready_ms = self.ready_after_ms.load(Ordering::Relaxed);
+        if ready_ms > 0 {
+            metric(
+                "drafs_time_to_ready_seconds",
+                "gauge",
+                "Seconds from start to the first ready tree.",
+                vec![(String::new(), format!("{:.3}", (ready_ms - 1) as f64 / 1000.0))],
+            );
+        }
+        metric("drafs_ready", "gauge", "1 while everything asked for is in the tree.", vec![(String::new(), u8::from(self.is_ready()).to_string())]);
+        metric("drafs_tree_updates_total", "counter", "Trees published.", vec![(String::new(), self.tree_updates.load(Ordering::Relaxed).to_string())]);
+        metric(
+            "drafs_watch_restarts_total",
+            "counter",
+            "Watches re-established after an error or 410 Gone.",
+            vec![(String::new(), self.watch_restarts.load(Ordering::Relaxed).to_string())],
+        );
+        let errors = self.api_errors.lock().map(|m| m.clone()).unwrap_or_default();
+        metric(
+            "drafs_api_errors_total",
+            "counter",
+            "Failed API requests by HTTP status code (none: no response).",
+            errors.into_iter().map(|(code, n)| (format!("{{code=\"{code}\"}}"), n.to_string())).collect(),
+        );
+        metric("drafs_values_served", "gauge", "Files in the current tree.", vec![(String::new(), self.values_served.load(Ordering::Relaxed).to_string())]);
+        metric(
+            "drafs_fuse_reads_total",
+            "counter",
+            "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
+            vec![(String::new(), self.fuse_reads.load(Ordering::Relaxed).to_string())],
+        );
+        out
+    }
+
+    fn respond(&self, path: &str) -> (u16, &'static str, String) {
+        match path {
+            "/metrics" => (200, "text/plain; version=0.0.4", self.render()),
+            "/healthz" => (200, "text/plain", "ok\n".into()),
+            "/readyz" if self.is_ready() => (200, "text/plain", "ready\n".into()),
+            "/readyz" => {
+                let reason = self.not_ready_reason.lock().map(|r| r.clone()).unwrap_or_default();
+                (503, "text/plain", format!("not ready: {reason}\n"))
+            }
+            _ => (404, "text/plain", "not found\n".into()),
+        }
+    }
+}
+
+/// Bind `addr` (bad addresses fail at start-up, not later).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr).await?;
+    info!(addr = %listener.local_addr()?, "metrics listening");
+    Ok(listener)
+}
+
+/// Answer until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let (mut stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!("accept: {e}");
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            // Read the request head (bounded), then answer and close.
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+                match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => return,
+                }
+            }
+            let head = String::from_utf8_lossy(&buf);
+            let mut parts = head.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let (code, content_type, body) = if method == "GET" {
+                metrics.respond(path.split('?').next().unwrap_or(""))
+            } else {
+                (405, "text/plain", "only GET\n".into())
+            };
+            let reason = match code {
+                200 => "OK",
+                404 => "Not Found",
+                405 => "Method Not Allowed",
+                _ => "Service Unavailable",
+            };
+            let response = format!(
+                "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("drafs_time_to_ready_seconds"));
+        m.tree_published(false, 3, &["claim gpu: not allocated".into()]);
+        assert_eq!(m.respond("/readyz").0, 503);
+        assert!(m.respond("/readyz").2.contains("not allocated"));
+        m.tree_published(true, 50, &[]);
+        m.api_error(Some(500));
+        m.api_error(Some(500));
+        m.api_error(None);
+        m.watch_restarted();
+        let text = m.render();
+        assert!(text.contains("drafs_time_to_ready_seconds "), "{text}");
+        assert!(text.contains("drafs_tree_updates_total 2\n"));
+        assert!(text.contains("drafs_api_errors_total{code=\"500\"} 2\n"));
+        assert!(text.contains("drafs_api_errors_total{code=\"none\"} 1\n"));
+        assert!(text.contains("drafs_values_served 50\n"));
+        assert!(text.contains("drafs_watch_restarts_total 1\n"));
+        assert!(text.contains("# TYPE drafs_ready gauge\ndrafs_ready 1\n"));
+        assert_eq!(m.respond("/readyz").0, 200);
+        assert_eq!(m.respond("/healthz").0, 200);
+        assert_eq!(m.respond("/nope").0, 404);
+    }
+}
