@@ -117,3 +117,64 @@ fn injected_pod_is_a_valid_pod_with_the_example_wiring() {
     assert_eq!(docs[4]["kind"], "Service");
     assert!(docs[3]["spec"]["template"]["spec"].get("initContainers").is_none());
 }
+
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: drafs\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The value of an unlabelled (or exactly labelled) sample.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_and_health_endpoints() {
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let dir = env.path("dra");
+    // --require on a value that is not there: not ready at first.
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr, "--require", "nics/rdma/0/serial"]);
+    wait_until("the metrics endpoint", LIMIT, || http_get(&addr, "/healthz").is_some_and(|(c, _)| c == 200));
+    wait_until("a first tree", LIMIT, || dir.join(".json").exists());
+    let (code, body) = http_get(&addr, "/readyz").unwrap();
+    assert_eq!(code, 503);
+    assert!(body.contains("nics/rdma/0/serial"), "{body}");
+    let metrics = http_get(&addr, "/metrics").unwrap().1;
+    assert_eq!(sample(&metrics, "drafs_ready"), Some(0.0), "{metrics}");
+    assert!(!metrics.contains("drafs_time_to_ready_seconds "));
+
+    // The value appears: ready, with a time to ready.
+    let mut s = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
+    s["spec"]["devices"][1]["attributes"]["serial"] = serde_json::json!({"string": "SN1"});
+    api.apply(s);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    wait_until("readyz 200", LIMIT, || http_get(&addr, "/readyz").is_some_and(|(c, _)| c == 200));
+    let metrics = http_get(&addr, "/metrics").unwrap().1;
+    assert_eq!(sample(&metrics, "drafs_ready"), Some(1.0));
+    assert!(sample(&metrics, "drafs_time_to_ready_seconds").is_some_and(|t| t > 0.0), "{metrics}");
+    assert!(sample(&metrics, "drafs_tree_updates_total").is_some_and(|n| n >= 2.0));
+    assert_eq!(sample(&metrics, "drafs_values_served"), Some(read_tree(&dir).len() as f64));
+
+    // A failing API and an expired watch are counted.
+    api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
+    api.compact();
+    wait_until("the 500 to be counted", LIMIT, || {
+        http_get(&addr, "/metrics").is_some_and(|(_, m)| sample(&m, "drafs_api_errors_total{code=\"500\"}") == Some(1.0))
+    });
+    wait_until("watch restarts to be counted", LIMIT, || {
+        http_get(&addr, "/metrics").is_some_and(|(_, m)| sample(&m, "drafs_watch_restarts_total").is_some_and(|n| n >= 1.0))
+    });
+    assert_eq!(http_get(&addr, "/nope").unwrap().0, 404);
+}
