@@ -102,20 +102,24 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
             let path = file_path(claim, request, driver);
             let requests: Vec<Value> =
                 requests.into_iter().map(|(name, devices)| json!({"name": name, "devices": devices})).collect();
-            let mut body = json!({
-                "kind": "DeviceMetadata",
-                "metadata": {"name": claim.claim_name, "namespace": claim.namespace, "uid": claim.uid},
-                "requests": requests,
-            });
-            if claim.from_template {
-                body["podClaimName"] = json!(claim.pod_claim);
-            }
-            let generation = generations.next(&path, &body);
-            body["metadata"]["generation"] = json!(generation);
+            // Generation is counted on the content; the documents put it in order:
+            // apiVersion, kind, metadata, podClaimName, requests.
+            let pod_claim = claim.from_template.then(|| claim.pod_claim.clone());
+            let generation = generations.next(&path, &json!([claim.claim_name, claim.namespace, claim.uid, pod_claim, requests]));
             let mut content = String::new();
             for api_version in API_VERSIONS {
-                body["apiVersion"] = json!(api_version);
-                content.push_str(&body.to_string());
+                let mut doc = serde_json::Map::new();
+                doc.insert("apiVersion".into(), json!(api_version));
+                doc.insert("kind".into(), json!("DeviceMetadata"));
+                doc.insert(
+                    "metadata".into(),
+                    json!({"name": claim.claim_name, "namespace": claim.namespace, "uid": claim.uid, "generation": generation}),
+                );
+                if let Some(name) = &pod_claim {
+                    doc.insert("podClaimName".into(), json!(name));
+                }
+                doc.insert("requests".into(), json!(requests));
+                content.push_str(&Value::Object(doc).to_string());
                 content.push('\n');
             }
             if let Err(e) = tree.insert(&path, content) {

@@ -162,3 +162,31 @@ fn kubevirt_launcher_reads_the_standard_metadata() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "passing through PCI device 0000:af:00.0\nvirt-launcher --hostdev 0000:af:00.0\n");
 }
+
+#[test]
+fn exec_wrapper_example() {
+    let docs = manifest("examples/exec-wrapper.yaml");
+    let spec = pod_spec(&docs);
+    let inits = spec["initContainers"].as_array().unwrap();
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let shared = env.path("shared");
+    let dra = env.path("dra");
+    let dirs: [(&str, &Path); 2] = [("/shared", &shared), ("/dra", &dra)];
+    // Both init containers, in order, then the app's entrypoint with the app replaced by `env`.
+    for init in inits {
+        let args = remap(&init["args"], &dirs);
+        let out = env.run(&as_strs(&args), LIMIT);
+        assert!(out.status.success(), "{}: {}", init["name"], stderr(&out));
+    }
+    let command = remap(&spec["containers"][0]["command"], &dirs);
+    assert_eq!(command[0], format!("{}/drafs", shared.display()));
+    let sep = command.iter().position(|a| a == "--").unwrap();
+    let mut argv: Vec<&str> = as_strs(&command[..=sep]);
+    argv.push("env");
+    let out = std::process::Command::new(argv[0]).args(&argv[1..]).env_clear().output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let vars = stdout(&out);
+    assert!(vars.lines().any(|l| l == "GPU_UUID=GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"), "{vars}");
+    assert!(vars.lines().any(|l| l == "GPU_PCI_BUS_ID=0000:5e:00.0"), "{vars}");
+    assert!(vars.lines().any(|l| l == "GPU_UUIDS=GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"), "{vars}");
+}
