@@ -15,33 +15,15 @@ use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use support::*;
 
 const READS: usize = 100_000;
 const UPDATES: usize = 100;
 
-fn eight_gpus(api: &TestApi, generation: usize) {
-    let devices: Vec<(String, serde_json::Value)> = (0..8)
-        .map(|i| {
-            let mut attrs = serde_json::Map::new();
-            for a in 0..30 {
-                attrs.insert(format!("attr{a}"), json!({"string": format!("value-{i}-{a}-{generation}")}));
-            }
-            (format!("g{i}"), serde_json::Value::Object(attrs))
-        })
-        .collect();
-    let refs: Vec<(&str, serde_json::Value)> = devices.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
-    api.apply(slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &refs));
-}
-
 fn setup() -> (TestApi, Env) {
     let api = api_for("ml");
-    let results: Vec<(String, String)> = (0..8).map(|i| ("gpu".to_string(), format!("g{i}"))).collect();
-    let refs: Vec<(&str, &str, &str, &str)> = results.iter().map(|(r, d)| (r.as_str(), "gpu.example.com", "n1", d.as_str())).collect();
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", Some(&refs)));
-    eight_gpus(&api, 0);
+    eight_device_pod(&api);
+    eight_device_slice(&api, 0);
     let env = Env::new(&api, "ml", "p", TOKEN);
     (api, env)
 }
@@ -81,7 +63,7 @@ fn propagation(api: &TestApi, file: &Path, serve: &mut Serve) -> Vec<Duration> {
     for generation in 1..=UPDATES {
         let want = format!("value-0-0-{generation}");
         let start = Instant::now();
-        eight_gpus(api, generation);
+        eight_device_slice(api, generation);
         loop {
             if std::fs::read_to_string(file).is_ok_and(|v| v == want) {
                 break;

@@ -160,9 +160,13 @@ async fn start_metrics(out: &OutputArgs) -> Result<Arc<Metrics>, Failure> {
 }
 
 pub async fn init(global: &Global, args: &InitArgs) -> Result<(), Failure> {
-    let result = init_inner(global, args).await;
+    logged(&args.output, init_inner(global, args).await)
+}
+
+/// A failure's message also goes to the termination log, for `kubectl describe pod`.
+fn logged(out: &OutputArgs, result: Result<(), Failure>) -> Result<(), Failure> {
     if let Err(Failure::Failed(message)) = &result {
-        write_termination_log(&args.output.termination_log, message);
+        write_termination_log(&out.termination_log, message);
     }
     result
 }
@@ -233,11 +237,7 @@ fn ready_summary(res: &Resolution, elapsed_ms: u64) -> String {
 
 /// Serve until stopped; fails only if not ready by the deadline (or at start-up).
 pub async fn serve(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
-    let result = serve_inner(global, args).await;
-    if let Err(Failure::Failed(message)) = &result {
-        write_termination_log(&args.output.termination_log, message);
-    }
-    result
+    logged(&args.output, serve_inner(global, args).await)
 }
 
 async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {

@@ -132,17 +132,13 @@ mod tests {
     use super::*;
 
     fn tree() -> Tree {
-        let mut t = Tree::default();
-        for (p, v) in [
+        Tree::from_pairs(&[
             ("nics/rdma/0/.status/interfaceName", "net1"),
             ("nics/rdma/1/.status/interfaceName", "net2"),
             ("nics/rdma/0/dra.net/mtu", "9000"),
             ("nics/rdma/1/dra.net/mtu", "1500"),
             ("nics/rdma/1/only", "x"),
-        ] {
-            t.insert(p, v).unwrap();
-        }
-        t
+        ])
     }
 
     #[test]

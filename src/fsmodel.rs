@@ -257,11 +257,7 @@ mod tests {
     use super::*;
 
     fn tree(entries: &[(&str, &str)]) -> Tree {
-        let mut t = Tree::default();
-        for (p, c) in entries {
-            t.insert(p, *c).unwrap();
-        }
-        t
+        Tree::from_pairs(entries)
     }
 
     fn path_ino(s: &FsSnapshot, path: &str) -> Ino {

@@ -49,6 +49,15 @@ impl Tree {
         Ok(())
     }
 
+    /// A tree from (path, content) pairs; panics on a bad path (for tests and fixtures).
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Tree {
+        let mut t = Tree::default();
+        for (path, content) in pairs {
+            t.insert(path, *content).expect("a valid tree path");
+        }
+        t
+    }
+
     pub fn get(&self, path: &str) -> Option<&[u8]> {
         self.files.get(path).map(Vec::as_slice)
     }

@@ -221,10 +221,10 @@ pub fn slice(name: &str, driver: &str, pool: &str, generation: i64, node: Option
     s
 }
 
-/// The number of sequential round trips among the non-watch requests: the longest
-/// chain of requests each sent only after the previous one was answered.
+/// The number of sequential round trips among the reads (GET, LIST): the longest
+/// chain of reads each sent only after the previous one was answered.
 pub fn sequential_round_trips(requests: &[apiserver::RequestRecord]) -> usize {
-    let mut reads: Vec<&apiserver::RequestRecord> = requests.iter().filter(|r| r.verb != "watch").collect();
+    let mut reads: Vec<&apiserver::RequestRecord> = requests.iter().filter(|r| r.verb == "get" || r.verb == "list").collect();
     reads.sort_by_key(|r| r.started);
     let mut depth: Vec<usize> = Vec::with_capacity(reads.len());
     for (i, r) in reads.iter().enumerate() {
@@ -332,4 +332,26 @@ pub fn detach(dir: &Path) {
         // SAFETY: a valid NUL-terminated path.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
+}
+
+/// A node-local slice of 8 devices (g0..g7) with 30 string attributes each
+/// (`attr0`.. = `value-<device>-<attr>-<generation>`); for benchmarks.
+pub fn eight_device_slice(api: &TestApi, generation: usize) {
+    let devices: Vec<(String, Value)> = (0..8)
+        .map(|i| {
+            let attrs: serde_json::Map<String, Value> =
+                (0..30).map(|a| (format!("attr{a}"), serde_json::json!({"string": format!("value-{i}-{a}-{generation}")}))).collect();
+            (format!("g{i}"), Value::Object(attrs))
+        })
+        .collect();
+    let refs: Vec<(&str, Value)> = devices.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+    api.apply(slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &refs));
+}
+
+/// Pod `ml/p` on node n1 with claim `gpu` allocated all 8 devices of [`eight_device_slice`].
+pub fn eight_device_pod(api: &TestApi) {
+    let names: Vec<String> = (0..8).map(|i| format!("g{i}")).collect();
+    let results: Vec<(&str, &str, &str, &str)> = names.iter().map(|d| ("gpu", "gpu.example.com", "n1", d.as_str())).collect();
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&results)));
 }
