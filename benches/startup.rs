@@ -43,7 +43,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// Median and p90 start-to-ready, requests and round trips of the last run.
-fn measure(s: &Scenario, latency: Duration, out_base: &std::path::Path) -> (Duration, Duration, usize, usize) {
+fn measure(s: &Scenario, latency: Duration, out_base: &std::path::Path, events: bool) -> (Duration, Duration, usize, usize) {
     let api = api_for(s.namespace);
     (s.setup)(&api);
     api.set_latency(latency);
@@ -55,7 +55,8 @@ fn measure(s: &Scenario, latency: Duration, out_base: &std::path::Path) -> (Dura
     for _ in 0..RUNS {
         api.clear_requests();
         let start = Instant::now();
-        let out = env.run(&["init", "--dir", dir.to_str().unwrap()], Duration::from_secs(60));
+        let events_flag = if events { "--events=true" } else { "--events=false" };
+        let out = env.run(&["init", "--dir", dir.to_str().unwrap(), events_flag], Duration::from_secs(60));
         times.push(start.elapsed());
         assert!(out.status.success(), "{}", stderr(&out));
         let log = api.requests();
@@ -80,11 +81,13 @@ fn main() {
     let shm = std::path::Path::new("/dev/shm");
     let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
     println!("tree written under {} ({RUNS} runs each; times are spawn-to-exit of the binary, which includes the Normal event it records after writing the tree)\n", base.display());
-    println!("| scenario | median, 0 ms latency | median, 20 ms latency | p90, 20 ms latency | API reads | sequential round trips of reads |");
-    println!("|---|---|---|---|---|---|");
+    println!("| scenario | median, 0 ms latency | median, 20 ms latency | p90, 20 ms latency | median, 20 ms, `--events=false` | API reads | sequential round trips of reads |");
+    println!("|---|---|---|---|---|---|---|");
+    let latency = Duration::from_millis(20);
     for s in &scenarios {
-        let (fast, _, _, _) = measure(s, Duration::ZERO, &base);
-        let (median, p90, requests, trips) = measure(s, Duration::from_millis(20), &base);
-        println!("| {} | {} | {} | {} | {requests} | {trips} |", s.name, ms(fast), ms(median), ms(p90));
+        let (fast, _, _, _) = measure(s, Duration::ZERO, &base, true);
+        let (median, p90, requests, trips) = measure(s, latency, &base, true);
+        let (quiet, _, _, _) = measure(s, latency, &base, false);
+        println!("| {} | {} | {} | {} | {} | {requests} | {trips} |", s.name, ms(fast), ms(median), ms(p90), ms(quiet));
     }
 }

@@ -66,12 +66,19 @@ fn main() {
             },
         }
     });
-    if let Err(failure) = outcome {
-        match cli.global.log_format {
-            LogFormat::Json => tracing::error!("{failure}"),
-            LogFormat::Text => eprintln!("drafs: {failure}"),
+    // Exit without waiting for the runtime to wind down its idle connections and
+    // threads: the outputs are complete, and an init container's exit is what
+    // starts the app.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    match outcome {
+        Ok(()) => std::process::exit(0),
+        Err(failure) => {
+            match cli.global.log_format {
+                LogFormat::Json => tracing::error!("{failure}"),
+                LogFormat::Text => eprintln!("drafs: {failure}"),
+            }
+            std::process::exit(failure.exit_code());
         }
-        std::process::exit(failure.exit_code());
     }
 }
 

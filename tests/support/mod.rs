@@ -38,9 +38,10 @@ pub fn example(namespace: &str, pod: &str, file: &str) -> (TestApi, Env) {
     (api, env)
 }
 
-/// The binary under test.
+/// The binary under test: cargo's build, or `DRAFS_BIN` (benchmarks use it to
+/// measure the shipped image binary).
 pub fn drafs_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drafs"))
+    std::env::var_os("DRAFS_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drafs")))
 }
 
 /// A scratch directory with a kubeconfig pointing at the test API server.
