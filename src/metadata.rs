@@ -77,6 +77,9 @@ fn file_path(claim: &ResolvedClaim, request: &str, driver: &str) -> String {
     }
 }
 
+/// Full request names with their devices, in allocation order.
+type Requests<'a> = Vec<(&'a str, Vec<Value>)>;
+
 /// Build the metadata view of a resolution; `warnings` receives what was skipped.
 pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec<String>) -> Tree {
     let mut tree = Tree::default();
@@ -86,7 +89,7 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
             continue;
         }
         // (request dir, driver) -> full request name -> devices, in allocation order.
-        let mut files: BTreeMap<(&str, &str), Vec<(&str, Vec<Value>)>> = BTreeMap::new();
+        let mut files: BTreeMap<(&str, &str), Requests> = BTreeMap::new();
         for device in &claim.devices {
             if !is_dns_subdomain(&device.driver) {
                 warnings.push(format!("metadata view: driver {:?} skipped: not a DNS subdomain", device.driver));

@@ -144,7 +144,7 @@ impl Backoff for RetryBackoff {
 }
 
 enum Update {
-    Event(Scope, ScopeEvent),
+    Event(Scope, Box<ScopeEvent>),
     Error(Scope, ApiError),
     /// A watch expired (410 Gone) and relists.
     Expired(Scope),
@@ -325,7 +325,7 @@ impl Engine {
         match update {
             Update::Event(scope, event) => {
                 self.errors.remove(&scope.to_string());
-                self.store.apply(&scope, event);
+                self.store.apply(&scope, *event);
             }
             Update::Expired(scope) => {
                 debug!(%scope, "watch expired (410 Gone); relisting");
@@ -425,7 +425,7 @@ where
     let mut stream = std::pin::pin!(StreamBackoff::new(stream, RetryBackoff::default()));
     while let Some(item) = stream.next().await {
         let update = match item {
-            Ok(event) => Update::Event(scope.clone(), wrap(event)),
+            Ok(event) => Update::Event(scope.clone(), Box::new(wrap(event))),
             Err(e) => {
                 let selector = format!(" ({})", scope.field_selector());
                 let resource = scope.resource();
