@@ -77,6 +77,16 @@ fn fuse_updates_values_status_and_removals_live() {
     let ino_after = std::fs::metadata(mnt.join(NIC0_IFNAME)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     assert_eq!(ino_before, ino_after, "inode numbers are stable across updates");
 
+    // A new pool generation is published beside the old one: the newest wins.
+    let mut next = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
+    next["metadata"]["name"] = json!("node-rdma-02-dra.net-gen4");
+    next["spec"]["pool"]["generation"] = json!(4);
+    next["spec"]["devices"][1]["attributes"]["dra.net/ifName"] = json!({"string": "gen4"});
+    api.apply(next);
+    serve.wait_for(NIC0_IFNAME, Some("gen4"), LIMIT);
+    api.delete("ResourceSlice", "", "node-rdma-02-dra.net-gen4");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+
     // Device status changes (a network driver rewriting networkData).
     let mut claim = api.get("ResourceClaim", "hpc", "allreduce-worker-3-nics-q8w4t").unwrap();
     claim["status"]["devices"][0]["networkData"]["interfaceName"] = json!("net7");
