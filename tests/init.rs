@@ -293,20 +293,12 @@ fn timeout_names_what_is_missing_and_writes_the_termination_log() {
 
 #[test]
 fn require_waits_for_device_status() {
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
-    let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
-    api.apply(allocated.clone());
-    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]));
-    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (api, env, allocated) = nic_without_status();
     let dir = env.path("dra");
     let child = env.spawn(&["init", "--dir", dir.to_str().unwrap(), "--require", "net/eth/0/.status/interfaceName"]);
     wait_until("a watch on the claim", LIMIT, || api.requests().iter().any(|r| r.verb == "watch" && r.resource == "resourceclaims"));
     assert!(!dir.join(".ready").exists());
-    let mut with_status = allocated;
-    with_status["status"]["devices"] =
-        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "networkData": {"interfaceName": "eth1"}, "data": {"vlan": 7}}]);
-    api.apply(with_status);
+    api.apply(with_interface(allocated, "eth1"));
     let out = wait_output(child, LIMIT);
     assert_ok(&out);
     let tree = read_tree(&dir);

@@ -119,12 +119,7 @@ fn device_status_arriving_after_start_and_probe() {
     if !require_fuse() {
         return;
     }
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
-    let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
-    api.apply(allocated.clone());
-    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]));
-    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (api, env, allocated) = nic_without_status();
     let mnt = env.path("mnt");
     let mut serve = Serve::start(&env, &mnt, &["--require", "net/eth/0/.status/interfaceName"]);
     serve.wait_for("net/eth/0/mtu", Some("1500"), LIMIT);
@@ -133,9 +128,7 @@ fn device_status_arriving_after_start_and_probe() {
     assert_eq!(probe.status.code(), Some(1));
     assert!(stderr(&probe).contains("net/eth/0/.status/interfaceName"), "{}", stderr(&probe));
 
-    let mut with_status = allocated;
-    with_status["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "networkData": {"interfaceName": "eth1"}}]);
-    api.apply(with_status);
+    api.apply(with_interface(allocated, "eth1"));
     serve.wait_for(".ready", Some(""), LIMIT);
     assert_eq!(serve.read("net/eth/0/.status/interfaceName").as_deref(), Some("eth1"));
     let probe = env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT);

@@ -356,3 +356,25 @@ pub fn eight_device_pod(api: &TestApi) {
     api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
     api.apply(claim("ml", "c", Some(&results)));
 }
+
+/// Pod `ml/p` with claim `net` (ResourceClaim `c`) allocated one NIC (`nic0`,
+/// request `eth`) whose slice is published but whose device status is not yet
+/// written; returns the claim so a test can add the status later.
+pub fn nic_without_status() -> (TestApi, Env, Value) {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
+    let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
+    api.apply(allocated.clone());
+    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", serde_json::json!({"mtu": {"int": 1500}}))]));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    (api, env, allocated)
+}
+
+/// The claim of [`nic_without_status`] with the network driver's status written.
+pub fn with_interface(mut claim: Value, interface: &str) -> Value {
+    claim["status"]["devices"] = serde_json::json!([{
+        "driver": "net.example.com", "pool": "n1", "device": "nic0",
+        "networkData": {"interfaceName": interface}, "data": {"vlan": 7},
+    }]);
+    claim
+}
