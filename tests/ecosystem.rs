@@ -113,8 +113,10 @@ fn injected_pod_is_a_valid_pod_with_the_example_wiring() {
     let compute = &spec.containers[0];
     assert_eq!(compute.volume_mounts.as_ref().unwrap().len(), 2, "the existing mount is kept, /dra added");
     // Other documents pass through: the Service is still there, the StatefulSet unchanged.
-    assert_eq!(docs.len(), 5);
+    assert_eq!(docs.len(), 6);
     assert_eq!(docs[4]["kind"], "Service");
+    // An empty serviceAccountName counts as none.
+    assert_eq!(docs[5]["spec"]["template"]["spec"]["serviceAccountName"], "drafs");
     assert!(docs[3]["spec"]["template"]["spec"].get("initContainers").is_none());
 }
 
