@@ -270,3 +270,33 @@ fn probe_without_a_tree() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no tree at"), "{}", stderr(&out));
 }
+
+#[test]
+fn fuse_without_privileges_fails_clearly() {
+    if !require_fuse() {
+        return;
+    }
+    // As an unprivileged uid (as under the restricted Pod Security Standard).
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let dir = scratch.path().join("mnt");
+    // Copies the unprivileged uid can reach wherever the checkout lives.
+    let bin = scratch.path().join("drafs");
+    std::fs::copy(drafs_bin(), &bin).unwrap();
+    let input = scratch.path().join("objects.yaml");
+    std::fs::copy(repo_path("examples/rdma-network.yaml"), &input).unwrap();
+    std::fs::set_permissions(&input, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["serve", "--from-file"])
+        .arg(&input)
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--termination-log", "/dev/null"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot mount FUSE") && stderr(&out).contains("--backend files"), "{}", stderr(&out));
+    assert!(!is_mounted(&dir));
+}
