@@ -114,7 +114,9 @@ fn main() {
     let mut files = Serve::start(&env, &files_dir, &["--backend", "files"]);
     files.wait_for(".ready", Some(""), Duration::from_secs(60));
     let files_times = propagation(&api, &files_dir.join("gpu/gpu/0/attr0"), &mut files);
-    println!("### Update propagation: change in the API server to the new value read ({UPDATES} updates, 20 ms latency per request)\n");
+    println!(
+        "### Update propagation: change in the API server to the new value read ({UPDATES} updates, 20 ms latency per request)\n"
+    );
     println!("| backend | median | p90 | max |");
     println!("|---|---|---|---|");
     for (name, t) in [("FUSE", &fuse_times), ("files", &files_times)] {

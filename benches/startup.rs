@@ -30,7 +30,14 @@ fn network_attached(api: &TestApi) {
     api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
     api.apply(claim("ml", "fabric", Some(&[("ib", "net.example.com", "fabric", "nic-1")])));
     api.apply(slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": "G0"}}))]));
-    api.apply(slice("fabric", "net.example.com", "fabric", 1, None, &[("nic-1", json!({"ifName": {"string": "ib0"}}))]));
+    api.apply(slice(
+        "fabric",
+        "net.example.com",
+        "fabric",
+        1,
+        None,
+        &[("nic-1", json!({"ifName": {"string": "ib0"}}))],
+    ));
 }
 
 fn eight_gpus(api: &TestApi) {
@@ -43,7 +50,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// Median and p90 start-to-ready, requests and round trips of the last run.
-fn measure(s: &Scenario, latency: Duration, out_base: &std::path::Path, events: bool) -> (Duration, Duration, usize, usize) {
+fn measure(
+    s: &Scenario,
+    latency: Duration,
+    out_base: &std::path::Path,
+    events: bool,
+) -> (Duration, Duration, usize, usize) {
     let api = api_for(s.namespace);
     (s.setup)(&api);
     api.set_latency(latency);
@@ -74,14 +86,24 @@ fn ms(d: Duration) -> String {
 fn main() {
     let scenarios = [
         Scenario { name: "1 GPU, node-local slices", setup: node_local, namespace: "ml", pod: "trainer-0" },
-        Scenario { name: "GPU + network-attached NIC (allNodes slice)", setup: network_attached, namespace: "ml", pod: "p" },
+        Scenario {
+            name: "GPU + network-attached NIC (allNodes slice)",
+            setup: network_attached,
+            namespace: "ml",
+            pod: "p",
+        },
         Scenario { name: "8 GPUs x 30 attributes, node-local", setup: eight_gpus, namespace: "ml", pod: "p" },
     ];
     // The tree goes to tmpfs, like the recommended `emptyDir: {medium: Memory}`.
     let shm = std::path::Path::new("/dev/shm");
     let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-    println!("tree written under {} ({RUNS} runs each; times are spawn-to-exit of the binary, which includes the Normal event it records after writing the tree)\n", base.display());
-    println!("| scenario | median, 0 ms latency | median, 20 ms latency | p90, 20 ms latency | median, 20 ms, `--events=false` | API reads | sequential round trips of reads |");
+    println!(
+        "tree written under {} ({RUNS} runs each; times are spawn-to-exit of the binary, which includes the Normal event it records after writing the tree)\n",
+        base.display()
+    );
+    println!(
+        "| scenario | median, 0 ms latency | median, 20 ms latency | p90, 20 ms latency | median, 20 ms, `--events=false` | API reads | sequential round trips of reads |"
+    );
     println!("|---|---|---|---|---|---|---|");
     let latency = Duration::from_millis(20);
     for s in &scenarios {

@@ -1,8 +1,8 @@
 //! The commands: wiring of source, resolver, tree and outputs.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,14 +10,17 @@ use tracing::{info, warn};
 
 use std::os::unix::process::CommandExt;
 
-use crate::cli::{Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs, ServeArgs};
+use crate::cli::{
+    Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs,
+    ServeArgs,
+};
 use crate::envvars;
 use crate::events::{self, Events, Note};
-use crate::metrics::{self, Metrics};
-use crate::inject;
 use crate::files::AtomicDir;
 use crate::fuse::FuseMount;
+use crate::inject;
 use crate::metadata::{self, Generations};
+use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
 use crate::resolve::{Resolution, Selection, resolve};
 use crate::source::{Engine, EngineError, Flow, PodRef};
@@ -56,7 +59,8 @@ fn resolve_file(global: &Global, path: &Path, sel: &Selection) -> Result<Resolut
         info!(kinds = ?objects.ignored, "ignoring objects of other kinds in {}", path.display());
     }
     let shown = path.display().to_string();
-    let snapshot = objects.into_snapshot(&shown, global.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
+    let snapshot =
+        objects.into_snapshot(&shown, global.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
     let res = resolve(&snapshot, sel);
     for w in &res.warnings {
         warn!("{w}");
@@ -76,12 +80,14 @@ async fn client_and_pod(global: &Global) -> Result<(kube::Client, PodRef), Failu
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| client.default_namespace().to_string()),
     };
-    let name = global
-        .pod_name
-        .clone()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| Failure::Usage("cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into()))?;
+    let name =
+        global.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
+            || {
+                Failure::Usage(
+                    "cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into(),
+                )
+            },
+        )?;
     Ok((client, PodRef { namespace, name }))
 }
 
@@ -323,7 +329,9 @@ pub fn probe(args: &ProbeArgs) -> Result<(), Failure> {
     let reason = match std::fs::read(dir.join(".json")) {
         Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
-            .and_then(|v| v["missing"].as_array().map(|m| m.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("; ")))
+            .and_then(|v| {
+                v["missing"].as_array().map(|m| m.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("; "))
+            })
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "resolution incomplete".into()),
         Err(_) => format!("no tree at {} yet (not mounted or not written)", dir.display()),
@@ -370,11 +378,7 @@ pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
         }
         _ => {}
     }
-    if built.is_ready() {
-        Ok(())
-    } else {
-        Err(Failure::Failed(format!("incomplete: {}", built.missing.join("; "))))
-    }
+    if built.is_ready() { Ok(()) } else { Err(Failure::Failed(format!("incomplete: {}", built.missing.join("; ")))) }
 }
 
 /// `exec`: set the variables and replace this process with the command.
@@ -387,7 +391,8 @@ pub async fn exec(global: &Global, args: &ExecArgs) -> Result<(), Failure> {
         }
     }
     .map_err(|e| Failure::Failed(e.to_string()))?;
-    let (program, rest) = args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
+    let (program, rest) =
+        args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
     for (name, value) in &vars {
         info!(%name, %value, "setting");
     }
@@ -398,7 +403,8 @@ pub async fn exec(global: &Global, args: &ExecArgs) -> Result<(), Failure> {
 /// `inject`: stdin to stdout.
 pub fn inject(args: &InjectArgs) -> Result<(), Failure> {
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| Failure::Failed(format!("cannot read stdin: {e}")))?;
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .map_err(|e| Failure::Failed(format!("cannot read stdin: {e}")))?;
     let opts = inject::Options { mode: args.mode, image: args.image.clone(), dir: args.dir.clone() };
     let (out, outcomes) = inject::inject(&text, &opts).map_err(|e| Failure::Failed(e.to_string()))?;
     for outcome in outcomes {
@@ -443,7 +449,8 @@ pub fn tree_listing(built: &BuiltTree) -> String {
 
 /// One row per attribute, capacity and status value, in aligned columns.
 pub fn table(res: &Resolution) -> String {
-    let mut rows = vec![["CLAIM", "REQUEST", "INDEX", "DRIVER", "DEVICE", "ATTRIBUTE", "VALUE"].map(String::from).to_vec()];
+    let mut rows =
+        vec![["CLAIM", "REQUEST", "INDEX", "DRIVER", "DEVICE", "ATTRIBUTE", "VALUE"].map(String::from).to_vec()];
     for claim in &res.claims {
         for device in &claim.devices {
             for (name, kind, value) in tree::device_entries(device) {

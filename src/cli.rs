@@ -233,7 +233,19 @@ mod tests {
 
     #[test]
     fn flags_parse() {
-        let cli = Cli::try_parse_from(["drafs", "init", "--dir", "/x", "--claim", "gpu", "--require", "gpu/gpu/0/uuid", "--timeout", "10s"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "drafs",
+            "init",
+            "--dir",
+            "/x",
+            "--claim",
+            "gpu",
+            "--require",
+            "gpu/gpu/0/uuid",
+            "--timeout",
+            "10s",
+        ])
+        .unwrap();
         let Command::Init(args) = cli.command else { panic!("not init") };
         assert_eq!(args.output.dir, PathBuf::from("/x"));
         assert_eq!(args.select.claims, vec!["gpu"]);

@@ -72,7 +72,8 @@ struct Recorder {
 
 impl Recorder {
     async fn emit(&mut self, note: &Note) {
-        let (type_, reason, message, uid) = (if note.warning { "Warning" } else { "Normal" }, note.reason, &note.message, &note.uid);
+        let (type_, reason, message, uid) =
+            (if note.warning { "Warning" } else { "Normal" }, note.reason, &note.message, &note.uid);
         if !self.enabled {
             return;
         }

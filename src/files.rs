@@ -23,7 +23,9 @@ const DATA_TMP: &str = "..data_tmp";
 pub enum WriteError {
     #[error("cannot {op} {path}: {source}")]
     Io { op: &'static str, path: PathBuf, source: io::Error },
-    #[error("refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})")]
+    #[error(
+        "refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})"
+    )]
     Foreign { path: PathBuf, name: String },
 }
 

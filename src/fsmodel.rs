@@ -286,8 +286,16 @@ mod tests {
     #[test]
     fn inodes_are_stable_and_changes_are_invalidated() {
         let mut inodes = InodeAllocator::default();
-        let a = FsSnapshot::build(&tree(&[("gpu/gpu/0/uuid", "A"), ("gpu/gpu/0/bus", "1"), (".ready", "")]), &mut inodes, None);
-        let b = FsSnapshot::build(&tree(&[("gpu/gpu/0/uuid", "B"), ("gpu/gpu/0/bus", "1"), ("gpu/gpu/0/new", "n")]), &mut inodes, Some(&a));
+        let a = FsSnapshot::build(
+            &tree(&[("gpu/gpu/0/uuid", "A"), ("gpu/gpu/0/bus", "1"), (".ready", "")]),
+            &mut inodes,
+            None,
+        );
+        let b = FsSnapshot::build(
+            &tree(&[("gpu/gpu/0/uuid", "B"), ("gpu/gpu/0/bus", "1"), ("gpu/gpu/0/new", "n")]),
+            &mut inodes,
+            Some(&a),
+        );
         let uuid = path_ino(&a, "gpu/gpu/0/uuid");
         assert_eq!(path_ino(&b, "gpu/gpu/0/uuid"), uuid, "same path, same inode");
         let bus = path_ino(&a, "gpu/gpu/0/bus");

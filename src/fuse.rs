@@ -20,8 +20,8 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
 use crate::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
+use crate::metrics::Metrics;
 use crate::tree::Tree;
 
 /// How long the kernel may cache names and attributes. Changes are pushed, so
@@ -219,7 +219,8 @@ impl FuseMount {
         // allow_other: the app may run as any uid; DefaultPermissions enforces 0444/0555.
         config.acl = SessionACL::All;
         config.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, dir, &config).map_err(|source| FuseError::Mount { dir: dir.to_path_buf(), source })?;
+        let session = fuser::spawn_mount(fs, dir, &config)
+            .map_err(|source| FuseError::Mount { dir: dir.to_path_buf(), source })?;
         let (tx, rx) = mpsc::channel::<Vec<Invalidation>>();
         let notifier = session.notifier();
         let notifier_thread = std::thread::Builder::new()

@@ -56,7 +56,9 @@ fn describe(doc: &Value) -> String {
 fn pod_spec(doc: &mut Value) -> Option<&mut Value> {
     let pointer = match doc["kind"].as_str()? {
         "Pod" => "/spec",
-        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => "/spec/template/spec",
+        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => {
+            "/spec/template/spec"
+        }
         "CronJob" => "/spec/jobTemplate/spec/template/spec",
         _ => return None,
     };
@@ -73,7 +75,8 @@ fn downward_env() -> Value {
 fn drafs_container(opts: &Options) -> Value {
     let dir = &opts.dir;
     let probe = json!({"exec": {"command": ["/drafs", "probe", format!("--dir={dir}")]}, "periodSeconds": 1, "failureThreshold": 300});
-    let restricted = json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
+    let restricted =
+        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
     let resources = json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}});
     let mut c = json!({
         "name": CONTAINER,
@@ -128,9 +131,9 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, ()> {
     if !has_claims {
         return Err(());
     }
-    let already = ["initContainers", "containers"].iter().any(|k| {
-        spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER))
-    });
+    let already = ["initContainers", "containers"]
+        .iter()
+        .any(|k| spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER)));
     if already {
         return Ok(false);
     }
@@ -139,7 +142,9 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, ()> {
         map.insert("serviceAccountName".into(), json!("drafs"));
     }
     let mount = match opts.mode {
-        Mode::SidecarFuse => json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"}),
+        Mode::SidecarFuse => {
+            json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"})
+        }
         _ => json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true}),
     };
     for key in ["initContainers", "containers"] {
@@ -191,7 +196,8 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
 pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), InjectError> {
     let mut options = serde_saphyr::Options::default();
     options.strict_booleans = true;
-    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options).map_err(|e| InjectError::Parse(e.to_string()))?;
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| InjectError::Parse(e.to_string()))?;
     let mut outcomes = Vec::new();
     let mut out = String::new();
     for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
@@ -249,7 +255,8 @@ spec:
 
     #[test]
     fn idempotent_and_leaves_other_documents_alone() {
-        let input = format!("{DEPLOYMENT}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\ndata: {{a: b}}\n");
+        let input =
+            format!("{DEPLOYMENT}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c}}\ndata: {{a: b}}\n");
         let (once, _) = inject(&input, &opts(Mode::Init)).unwrap();
         let (twice, outcomes) = inject(&once, &opts(Mode::Init)).unwrap();
         assert_eq!(once, twice);

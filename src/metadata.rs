@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{Value, json};
 
 use crate::names::is_dns_subdomain;
-use crate::resolve::{ResolvedClaim, ResolvedDevice, Resolution};
+use crate::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
 use crate::tree::Tree;
 
 pub const API_VERSIONS: [&str; 2] = ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
@@ -85,7 +85,8 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
     let mut tree = Tree::default();
     for claim in &res.claims {
         if !claim.from_template && !is_dns_subdomain(&claim.claim_name) {
-            warnings.push(format!("metadata view: ResourceClaim name {:?} skipped: not a DNS subdomain", claim.claim_name));
+            warnings
+                .push(format!("metadata view: ResourceClaim name {:?} skipped: not a DNS subdomain", claim.claim_name));
             continue;
         }
         // (request dir, driver) -> full request name -> devices, in allocation order.
@@ -108,7 +109,8 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
             // Generation is counted on the content; the documents put it in order:
             // apiVersion, kind, metadata, podClaimName, requests.
             let pod_claim = claim.from_template.then(|| claim.pod_claim.clone());
-            let generation = generations.next(&path, &json!([claim.claim_name, claim.namespace, claim.uid, pod_claim, requests]));
+            let generation =
+                generations.next(&path, &json!([claim.claim_name, claim.namespace, claim.uid, pod_claim, requests]));
             let mut content = String::new();
             for api_version in API_VERSIONS {
                 let mut doc = serde_json::Map::new();
@@ -174,7 +176,8 @@ spec:
         let mut warnings = vec![];
         let tree = build(&res, &mut generations, &mut warnings);
         assert!(warnings.is_empty(), "{warnings:?}");
-        let direct = std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let direct =
+            std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
         let docs: Vec<Value> = direct.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert!(direct.ends_with('\n'));
         assert_eq!(docs.len(), 2);
@@ -186,7 +189,9 @@ spec:
         assert_eq!(device["attributes"]["resource.kubernetes.io/pciBusID"], json!({"string": "0000:af:00.0"}));
         assert_eq!(device["attributes"]["uuid"], json!({"string": "A"}), "keys stay as the slice wrote them");
 
-        let templ = std::str::from_utf8(tree.get("resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let templ =
+            std::str::from_utf8(tree.get("resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json").unwrap())
+                .unwrap();
         let doc: Value = serde_json::from_str(templ.lines().next().unwrap()).unwrap();
         assert_eq!(doc["podClaimName"], "gpu");
         assert_eq!(doc["requests"][0]["name"], "gpu/big");
@@ -197,7 +202,8 @@ spec:
         let mut changed = res.clone();
         changed.claims[0].devices[0].device = "other".into();
         let next = build(&changed, &mut generations, &mut warnings);
-        let text = std::str::from_utf8(next.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let text =
+            std::str::from_utf8(next.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
         let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(doc["metadata"]["generation"], 2);
     }

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -98,8 +98,18 @@ impl Metrics {
                 vec![(String::new(), format!("{:.3}", (ready_ms - 1) as f64 / 1000.0))],
             );
         }
-        metric("drafs_ready", "gauge", "1 while everything asked for is in the tree.", vec![(String::new(), u8::from(self.is_ready()).to_string())]);
-        metric("drafs_tree_updates_total", "counter", "Trees published.", vec![(String::new(), self.tree_updates.load(Ordering::Relaxed).to_string())]);
+        metric(
+            "drafs_ready",
+            "gauge",
+            "1 while everything asked for is in the tree.",
+            vec![(String::new(), u8::from(self.is_ready()).to_string())],
+        );
+        metric(
+            "drafs_tree_updates_total",
+            "counter",
+            "Trees published.",
+            vec![(String::new(), self.tree_updates.load(Ordering::Relaxed).to_string())],
+        );
         metric(
             "drafs_watch_restarts_total",
             "counter",
@@ -113,7 +123,12 @@ impl Metrics {
             "Failed API requests by HTTP status code (none: no response).",
             errors.into_iter().map(|(code, n)| (format!("{{code=\"{code}\"}}"), n.to_string())).collect(),
         );
-        metric("drafs_values_served", "gauge", "Files in the current tree.", vec![(String::new(), self.values_served.load(Ordering::Relaxed).to_string())]);
+        metric(
+            "drafs_values_served",
+            "gauge",
+            "Files in the current tree.",
+            vec![(String::new(), self.values_served.load(Ordering::Relaxed).to_string())],
+        );
         metric(
             "drafs_fuse_reads_total",
             "counter",

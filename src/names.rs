@@ -62,7 +62,9 @@ mod tests {
 
     #[test]
     fn hostile_keys_are_rejected() {
-        for key in ["../etc/passwd", "a/b/c", "/abs", "x/..", "", ".hidden", "d/.json", "d/a b", "d/a\0b", "UPPER.com/x"] {
+        for key in
+            ["../etc/passwd", "a/b/c", "/abs", "x/..", "", ".hidden", "d/.json", "d/a b", "d/a\0b", "UPPER.com/x"]
+        {
             assert!(QualifiedName::parse(key, "gpu.example.com").is_err(), "{key:?} accepted");
         }
         let long = "a".repeat(65);

@@ -20,13 +20,7 @@ pub enum LoadError {
     #[error("{path} is neither valid YAML nor JSON: {message}")]
     Parse { path: String, message: String },
     #[error("{path}: document {index} ({kind} {name:?}) is malformed: {source}")]
-    Malformed {
-        path: String,
-        index: usize,
-        kind: String,
-        name: String,
-        source: serde_json::Error,
-    },
+    Malformed { path: String, index: usize, kind: String, name: String, source: serde_json::Error },
     #[error("{path} holds no Pod")]
     NoPod { path: String },
     #[error("{path} holds no Pod named {wanted:?} (it has: {have})")]
@@ -62,18 +56,12 @@ impl FileObjects {
         let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
             Ok(v) => vec![v],
             // YAML 1.2 booleans only: a node named `n` or `y` stays a string.
-            Err(_) => serde_saphyr::from_multiple_with_options::<Value>(
-                text,
-                {
-                    let mut options = serde_saphyr::Options::default();
-                    options.strict_booleans = true;
-                    options
-                },
-            )
-            .map_err(|e| LoadError::Parse {
-                path: path.to_string(),
-                message: e.to_string(),
-            })?,
+            Err(_) => serde_saphyr::from_multiple_with_options::<Value>(text, {
+                let mut options = serde_saphyr::Options::default();
+                options.strict_booleans = true;
+                options
+            })
+            .map_err(|e| LoadError::Parse { path: path.to_string(), message: e.to_string() })?,
         };
         let mut flat = Vec::new();
         for doc in docs {
@@ -82,11 +70,7 @@ impl FileObjects {
         let mut out = FileObjects::default();
         for (index, doc) in flat.into_iter().enumerate() {
             let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
-            let name = doc
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
+            let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
             let malformed = |source| LoadError::Malformed {
                 path: path.to_string(),
                 index,
@@ -106,32 +90,20 @@ impl FileObjects {
 
     pub fn read(path: &Path) -> Result<Self, LoadError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-            path: shown.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: shown.clone(), source })?;
         Self::parse(&shown, &text)
     }
 
     /// Pick the pod (by name when given, else the only one) and build a snapshot.
     pub fn into_snapshot(self, path: &str, pod_name: Option<&str>) -> Result<Snapshot, LoadError> {
-        let names = || {
-            self.pods
-                .iter()
-                .map(|p| p.metadata.name.clone().unwrap_or_default())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let names =
+            || self.pods.iter().map(|p| p.metadata.name.clone().unwrap_or_default()).collect::<Vec<_>>().join(", ");
         let index = match pod_name {
-            Some(wanted) => self
-                .pods
-                .iter()
-                .position(|p| p.metadata.name.as_deref() == Some(wanted))
-                .ok_or_else(|| LoadError::PodNotInFile {
-                    path: path.into(),
-                    wanted: wanted.into(),
-                    have: names(),
-                })?,
+            Some(wanted) => {
+                self.pods.iter().position(|p| p.metadata.name.as_deref() == Some(wanted)).ok_or_else(|| {
+                    LoadError::PodNotInFile { path: path.into(), wanted: wanted.into(), have: names() }
+                })?
+            }
             None if self.pods.is_empty() => return Err(LoadError::NoPod { path: path.into() }),
             None if self.pods.len() > 1 => {
                 return Err(LoadError::AmbiguousPod { path: path.into(), have: names() });
@@ -147,11 +119,7 @@ impl FileObjects {
             .filter(|c| namespace.is_none() || c.metadata.namespace.is_none() || c.metadata.namespace == namespace)
             .filter_map(|c| Some((c.metadata.name.clone()?, c)))
             .collect();
-        let slices = self
-            .slices
-            .into_iter()
-            .filter_map(|s| Some((s.metadata.name.clone()?, s)))
-            .collect();
+        let slices = self.slices.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
         Ok(Snapshot { pod: Some(pod), claims, slices })
     }
 }
@@ -159,7 +127,9 @@ impl FileObjects {
 fn flatten_lists(doc: Value, out: &mut Vec<Value>) {
     match doc {
         Value::Null => {}
-        Value::Object(mut map) if map.get("kind").and_then(Value::as_str).is_some_and(|k| k == "List" || k.ends_with("List")) => {
+        Value::Object(mut map)
+            if map.get("kind").and_then(Value::as_str).is_some_and(|k| k == "List" || k.ends_with("List")) =>
+        {
             if let Some(Value::Array(items)) = map.remove("items") {
                 for item in items {
                     flatten_lists(item, out);
@@ -209,7 +179,8 @@ metadata: {name: x}
 
     #[test]
     fn malformed_object_names_the_document() {
-        let text = "kind: ResourceSlice\nmetadata: {name: broken}\nspec: {driver: d, pool: {name: p, generation: many}}\n";
+        let text =
+            "kind: ResourceSlice\nmetadata: {name: broken}\nspec: {driver: d, pool: {name: p, generation: many}}\n";
         let err = FileObjects::parse("f.yaml", text).unwrap_err().to_string();
         assert!(err.contains("ResourceSlice") && err.contains("broken"), "{err}");
     }

@@ -144,12 +144,35 @@ pub struct ResolvedClaim {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Missing {
     NotScheduled,
-    UnknownClaim { name: String, available: Vec<String> },
-    ClaimStatusPending { pod_claim: String, template: String },
-    ClaimNotFound { pod_claim: String, claim_name: String },
-    ClaimNotAllocated { pod_claim: String, claim_name: String },
-    Device { pod_claim: String, request: String, index: usize, driver: String, pool: String, device: String, detail: String },
-    Invalid { what: String, problem: String },
+    UnknownClaim {
+        name: String,
+        available: Vec<String>,
+    },
+    ClaimStatusPending {
+        pod_claim: String,
+        template: String,
+    },
+    ClaimNotFound {
+        pod_claim: String,
+        claim_name: String,
+    },
+    ClaimNotAllocated {
+        pod_claim: String,
+        claim_name: String,
+    },
+    Device {
+        pod_claim: String,
+        request: String,
+        index: usize,
+        driver: String,
+        pool: String,
+        device: String,
+        detail: String,
+    },
+    Invalid {
+        what: String,
+        problem: String,
+    },
 }
 
 impl Missing {
@@ -271,15 +294,13 @@ fn pod_claims(pod: &Pod, selection: &Selection) -> Vec<PodClaim> {
             let from_template = c.resource_claim_name.is_none();
             let source = match (&c.resource_claim_name, &c.resource_claim_template_name) {
                 (Some(name), None) => ClaimSource::Named(name.clone()),
-                (None, Some(template)) => {
-                    match statuses.into_iter().flatten().find(|s| s.name == c.name) {
-                        None => ClaimSource::Pending { template: template.clone() },
-                        Some(status) => match &status.resource_claim_name {
-                            Some(name) => ClaimSource::Named(name.clone()),
-                            None => ClaimSource::NotNeeded,
-                        },
-                    }
-                }
+                (None, Some(template)) => match statuses.into_iter().flatten().find(|s| s.name == c.name) {
+                    None => ClaimSource::Pending { template: template.clone() },
+                    Some(status) => match &status.resource_claim_name {
+                        Some(name) => ClaimSource::Named(name.clone()),
+                        None => ClaimSource::NotNeeded,
+                    },
+                },
                 _ => ClaimSource::Invalid(
                     "exactly one of resourceClaimName and resourceClaimTemplateName must be set".into(),
                 ),
@@ -406,7 +427,13 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
     out
 }
 
-fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: String, from_template: bool, claim: &ResourceClaim) {
+fn resolve_claim(
+    out: &mut Resolution,
+    index: &SliceIndex,
+    pod_claim: String,
+    from_template: bool,
+    claim: &ResourceClaim,
+) {
     let claim_name = claim.metadata.name.clone().unwrap_or_default();
     let status = claim.status.as_ref();
     let Some(results) = status
@@ -448,8 +475,19 @@ fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: String, fr
         }
         match index.find(&result.driver, &result.pool, &result.device) {
             Ok(device) => {
-                let context = format!("claim {pod_claim}, request {request}, device {position} ({}/{}/{})", result.driver, result.pool, result.device);
-                resolved.devices.push(resolve_device(out, &context, request, position, result, device, device_statuses));
+                let context = format!(
+                    "claim {pod_claim}, request {request}, device {position} ({}/{}/{})",
+                    result.driver, result.pool, result.device
+                );
+                resolved.devices.push(resolve_device(
+                    out,
+                    &context,
+                    request,
+                    position,
+                    result,
+                    device,
+                    device_statuses,
+                ));
             }
             Err(detail) => out.missing.push(Missing::Device {
                 pod_claim: pod_claim.clone(),
@@ -497,7 +535,10 @@ fn resolve_device(
     let status = statuses
         .iter()
         .find(|s| {
-            s.driver == result.driver && s.pool == result.pool && s.device == result.device && s.share_id == result.share_id
+            s.driver == result.driver
+                && s.pool == result.pool
+                && s.device == result.device
+                && s.share_id == result.share_id
         })
         .map(|s| {
             let net = s.network_data.as_ref();
@@ -570,7 +611,15 @@ status:
             "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7}]",
             "  devices:\n  - {driver: net.example.com, pool: fabric, device: nic-7, networkData: {interfaceName: net1, ips: [10.0.0.1/24, 'fd00::1/64'], hardwareAddress: 'aa:bb'}, data: {vf: 3}}\n",
         );
-        text += &slice("old", "nodeName: n1", "gpu.example.com", "n1", 1, 1, "[{name: g1, attributes: {uuid: {string: STALE}}}]");
+        text += &slice(
+            "old",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: g1, attributes: {uuid: {string: STALE}}}]",
+        );
         text += &slice(
             "new",
             "nodeName: n1",
@@ -580,7 +629,15 @@ status:
             1,
             "[{name: g0, attributes: {uuid: {string: G0}}}, {name: g1, attributes: {uuid: {string: G1}, cc: {version: 9.0.0}, numa: {ints: [0, 1]}, resource.kubernetes.io/pciBusID: {string: '0000:3b:00.0'}, '../escape': {string: x}, weird: {float: 1.5}}, capacity: {memory: {value: 80Gi}}}]",
         );
-        text += &slice("fabric", "allNodes: true", "net.example.com", "fabric", 4, 1, "[{name: nic-7, attributes: {ifName: {string: ens1}, rdma: {bool: true}, mtu: {int: 9000}}}]");
+        text += &slice(
+            "fabric",
+            "allNodes: true",
+            "net.example.com",
+            "fabric",
+            4,
+            1,
+            "[{name: nic-7, attributes: {ifName: {string: ens1}, rdma: {bool: true}, mtu: {int: 9000}}}]",
+        );
         text
     }
 
@@ -593,7 +650,10 @@ status:
         assert_eq!((gpu.pod_claim.as_str(), gpu.claim_name.as_str(), gpu.from_template), ("gpu", "p-gpu-abc", true));
         assert_eq!(gpu.devices.len(), 2);
         let d0 = &gpu.devices[0];
-        assert_eq!((d0.request.as_str(), d0.full_request.as_str(), d0.index, d0.device.as_str()), ("gpu", "gpu/large", 0, "g1"));
+        assert_eq!(
+            (d0.request.as_str(), d0.full_request.as_str(), d0.index, d0.device.as_str()),
+            ("gpu", "gpu/large", 0, "g1")
+        );
         let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
         assert_eq!(d0.attributes[&uuid].value, AttrValue::String("G1".into()), "stale generation must not win");
         let numa = QualifiedName::parse("numa", "gpu.example.com").unwrap();
@@ -621,7 +681,9 @@ status:
         let res = resolve(&snapshot(&text), &Selection::default());
         assert_eq!(res.missing.len(), 2, "{:?}", res.missing);
         assert!(matches!(&res.missing[0], Missing::ClaimStatusPending { pod_claim, .. } if pod_claim == "gpu"));
-        assert!(matches!(&res.missing[1], Missing::Device { pod_claim, device, .. } if pod_claim == "nic" && device == "nic-7"));
+        assert!(
+            matches!(&res.missing[1], Missing::Device { pod_claim, device, .. } if pod_claim == "nic" && device == "nic-7")
+        );
         assert_eq!(res.drivers_with_unpublished_devices().into_iter().collect::<Vec<_>>(), vec!["net.example.com"]);
         let message = res.missing[1].to_string();
         assert!(message.contains("net.example.com/fabric/nic-7") && message.contains("no ResourceSlice"), "{message}");

@@ -34,9 +34,13 @@ pub enum ApiError {
         "forbidden: the service account may not {verb} {resource}{scope} ({message}); grant it with the Role and ClusterRole of examples/rbac.yaml"
     )]
     Forbidden { verb: &'static str, resource: String, scope: String, message: String },
-    #[error("unauthorized: the API server rejected the credentials for {verb} {resource} ({message}); check the service account token or kubeconfig")]
+    #[error(
+        "unauthorized: the API server rejected the credentials for {verb} {resource} ({message}); check the service account token or kubeconfig"
+    )]
     Unauthorized { verb: &'static str, resource: String, message: String },
-    #[error("pod {namespace}/{name} not found; set POD_NAME and POD_NAMESPACE from the downward API (metadata.name, metadata.namespace) or pass --pod-name/--pod-namespace")]
+    #[error(
+        "pod {namespace}/{name} not found; set POD_NAME and POD_NAMESPACE from the downward API (metadata.name, metadata.namespace) or pass --pod-name/--pod-namespace"
+    )]
     PodNotFound { namespace: String, name: String },
     #[error("cannot {verb} {resource}{scope}: {message}")]
     Failed { verb: &'static str, resource: String, scope: String, message: String, code: Option<u16> },
@@ -234,7 +238,12 @@ impl Engine {
 
     /// Run until the callback says stop, `once` and a full first resolution, a fatal
     /// error, or the deadline. Returns the last resolution handed out.
-    pub async fn run<F>(&mut self, mut deadline: Option<Instant>, once: bool, mut on_change: F) -> Result<Resolution, EngineError>
+    pub async fn run<F>(
+        &mut self,
+        mut deadline: Option<Instant>,
+        once: bool,
+        mut on_change: F,
+    ) -> Result<Resolution, EngineError>
     where
         F: FnMut(&Resolution) -> Result<Flow, EngineError>,
     {
@@ -366,10 +375,15 @@ impl Engine {
                 }
             }
             Err(kube::Error::Api(status)) if status.code == 404 && !self.serving => {
-                return Err(ApiError::PodNotFound { namespace: self.pod.namespace.clone(), name: self.pod.name.clone() }.into());
+                return Err(ApiError::PodNotFound {
+                    namespace: self.pod.namespace.clone(),
+                    name: self.pod.name.clone(),
+                }
+                .into());
             }
             Err(e) => {
-                let error = ApiError::classify(&e, "get", "pods", format!(" ({}/{})", self.pod.namespace, self.pod.name));
+                let error =
+                    ApiError::classify(&e, "get", "pods", format!(" ({}/{})", self.pod.namespace, self.pod.name));
                 self.count_error(&error);
                 if error.is_fatal() && !self.serving {
                     return Err(error.into());
@@ -418,8 +432,12 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 /// Pump one watcher into the engine's channel, with backoff between failures.
-async fn forward<K, S>(stream: S, scope: Scope, tx: mpsc::UnboundedSender<Update>, wrap: fn(watcher::Event<K>) -> ScopeEvent)
-where
+async fn forward<K, S>(
+    stream: S,
+    scope: Scope,
+    tx: mpsc::UnboundedSender<Update>,
+    wrap: fn(watcher::Event<K>) -> ScopeEvent,
+) where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
 {
     let mut stream = std::pin::pin!(StreamBackoff::new(stream, RetryBackoff::default()));

@@ -165,7 +165,10 @@ mod tests {
 
     #[test]
     fn selectors() {
-        assert_eq!(Scope::DriverSlices("d.example.com".into()).field_selector(), "spec.driver=d.example.com,spec.nodeName=");
+        assert_eq!(
+            Scope::DriverSlices("d.example.com".into()).field_selector(),
+            "spec.driver=d.example.com,spec.nodeName="
+        );
         assert_eq!(Scope::Claim("c".into()).to_string(), "resourceclaims (metadata.name=c)");
     }
 }

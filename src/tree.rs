@@ -29,8 +29,7 @@ pub struct Tree {
 
 /// Check that a relative path has only normal, non-empty components.
 pub fn is_clean_relative(path: &str) -> bool {
-    !path.is_empty()
-        && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+    !path.is_empty() && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
 }
 
 impl Tree {

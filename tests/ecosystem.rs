@@ -38,13 +38,29 @@ fn exec_refuses_missing_values_unless_optional() {
     assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
     let marker = env.path("ran");
     let cmd = format!("touch {}", marker.display());
-    let out = env.run(&["exec", "--from-dir", dir.to_str().unwrap(), "--env", "SERIAL=gpu/gpu/0/serial", "--", "sh", "-c", &cmd], LIMIT);
+    let out = env.run(
+        &["exec", "--from-dir", dir.to_str().unwrap(), "--env", "SERIAL=gpu/gpu/0/serial", "--", "sh", "-c", &cmd],
+        LIMIT,
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("SERIAL: no value at gpu/gpu/0/serial"), "{}", stderr(&out));
     assert!(!marker.exists(), "the command does not run");
 
     let out = env.run(
-        &["exec", "--optional", "--from-dir", dir.to_str().unwrap(), "--env", "SERIAL=gpu/gpu/0/serial", "--env", "UUID=gpu/gpu/0/uuid", "--", "sh", "-c", r#"printf '%s/%s' "${SERIAL-unset}" "$UUID""#],
+        &[
+            "exec",
+            "--optional",
+            "--from-dir",
+            dir.to_str().unwrap(),
+            "--env",
+            "SERIAL=gpu/gpu/0/serial",
+            "--env",
+            "UUID=gpu/gpu/0/uuid",
+            "--",
+            "sh",
+            "-c",
+            r#"printf '%s/%s' "${SERIAL-unset}" "$UUID""#,
+        ],
         LIMIT,
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -147,7 +163,8 @@ fn metrics_and_health_endpoints() {
     let addr = format!("127.0.0.1:{}", free_port());
     let dir = env.path("dra");
     // --require on a value that is not there: not ready at first.
-    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr, "--require", "nics/rdma/0/serial"]);
+    let mut serve =
+        Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr, "--require", "nics/rdma/0/serial"]);
     wait_until("the metrics endpoint", LIMIT, || http_get(&addr, "/healthz").is_some_and(|(c, _)| c == 200));
     wait_until("a first tree", LIMIT, || dir.join(".json").exists());
     let (code, body) = http_get(&addr, "/readyz").unwrap();
@@ -173,10 +190,12 @@ fn metrics_and_health_endpoints() {
     api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
     api.compact();
     wait_until("the 500 to be counted", LIMIT, || {
-        http_get(&addr, "/metrics").is_some_and(|(_, m)| sample(&m, "drafs_api_errors_total{code=\"500\"}") == Some(1.0))
+        http_get(&addr, "/metrics")
+            .is_some_and(|(_, m)| sample(&m, "drafs_api_errors_total{code=\"500\"}") == Some(1.0))
     });
     wait_until("watch restarts to be counted", LIMIT, || {
-        http_get(&addr, "/metrics").is_some_and(|(_, m)| sample(&m, "drafs_watch_restarts_total").is_some_and(|n| n >= 1.0))
+        http_get(&addr, "/metrics")
+            .is_some_and(|(_, m)| sample(&m, "drafs_watch_restarts_total").is_some_and(|n| n >= 1.0))
     });
     assert_eq!(http_get(&addr, "/nope").unwrap().0, 404);
 }

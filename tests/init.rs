@@ -73,7 +73,11 @@ fn template_claim_with_stale_pool_generation() {
     assert_eq!(events[0]["reason"], "DeviceAttributesReady");
     assert_eq!(events[0]["involvedObject"]["name"], "trainer-0");
     assert_eq!(events[0]["involvedObject"]["uid"], "6f1d2c3a-9b8e-4d7f-a1b2-c3d4e5f60718");
-    assert!(events[0]["message"].as_str().unwrap().starts_with("1 device of 1 claim ready after"), "{}", events[0]["message"]);
+    assert!(
+        events[0]["message"].as_str().unwrap().starts_with("1 device of 1 claim ready after"),
+        "{}",
+        events[0]["message"]
+    );
 
     // Node-local devices: one pod GET, one claim list, one node slice list, nothing else.
     assert_eq!(
@@ -134,7 +138,14 @@ fn direct_claim_prioritized_subrequest_and_network_attached_device() {
         ],
     ));
     api.apply(slice("other-node", "gpu.example.com", "node-b", 1, Some("node-b"), &[("g9", json!({}))]));
-    api.apply(slice("fabric", "net.example.com", "fabric-pool", 2, None, &[("nic-7", json!({"ifName": {"string": "ib0"}}))]));
+    api.apply(slice(
+        "fabric",
+        "net.example.com",
+        "fabric-pool",
+        2,
+        None,
+        &[("nic-7", json!({"ifName": {"string": "ib0"}}))],
+    ));
     let env = Env::new(&api, "ns1", "p", TOKEN);
     assert_ok(&init(&env, &[]));
     let tree = read_tree(&env.path("dra"));
@@ -232,7 +243,8 @@ fn waits_for_allocation_and_slices_published_after_start() {
     // Waiting was done by watching: nothing was listed twice. (Whether the driver's
     // unbound slices were listed too depends on whether the allocation was seen
     // before the slice appeared.)
-    let lists: Vec<String> = api.requests().iter().filter(|r| r.verb == "list").map(|r| r.field_selector.clone()).collect();
+    let lists: Vec<String> =
+        api.requests().iter().filter(|r| r.verb == "list").map(|r| r.field_selector.clone()).collect();
     let distinct: BTreeSet<&String> = lists.iter().collect();
     assert_eq!(lists.len(), distinct.len(), "{:?}", reads(&api));
     assert!(lists.len() >= 2);
@@ -259,7 +271,10 @@ fn claim_that_needs_no_resource_is_absent_not_an_error() {
     let api = api_for("ml");
     api.load_yaml(&read("examples/gpu-training.yaml"));
     let mut p = api.get("Pod", "ml", "trainer-0").unwrap();
-    p["spec"]["resourceClaims"].as_array_mut().unwrap().push(json!({"name": "optional", "resourceClaimTemplateName": "x"}));
+    p["spec"]["resourceClaims"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "optional", "resourceClaimTemplateName": "x"}));
     p["status"]["resourceClaimStatuses"].as_array_mut().unwrap().push(json!({"name": "optional"}));
     api.apply(p);
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
@@ -278,7 +293,9 @@ fn timeout_names_what_is_missing_and_writes_the_termination_log() {
     let env = Env::new(&api, "ml", "p", TOKEN);
     let out = init(&env, &["--timeout", "2s", "--require", "gpu/gpu/0/uuid"]);
     let err = assert_failed(&out);
-    for needle in ["not ready after 2s", "claim gpu", "request gpu", "gpu.example.com/n1/g7", "generation 3", "gpu/gpu/0/uuid"] {
+    for needle in
+        ["not ready after 2s", "claim gpu", "request gpu", "gpu.example.com/n1/g7", "generation 3", "gpu/gpu/0/uuid"]
+    {
         assert!(err.contains(needle), "{needle:?} missing from: {err}");
     }
     let log = env.termination_log();
@@ -296,7 +313,9 @@ fn require_waits_for_device_status() {
     let (api, env, allocated) = nic_without_status();
     let dir = env.path("dra");
     let child = env.spawn(&["init", "--dir", dir.to_str().unwrap(), "--require", "net/eth/0/.status/interfaceName"]);
-    wait_until("a watch on the claim", LIMIT, || api.requests().iter().any(|r| r.verb == "watch" && r.resource == "resourceclaims"));
+    wait_until("a watch on the claim", LIMIT, || {
+        api.requests().iter().any(|r| r.verb == "watch" && r.resource == "resourceclaims")
+    });
     assert!(!dir.join(".ready").exists());
     api.apply(with_interface(allocated, "eth1"));
     let out = wait_output(child, LIMIT);
@@ -346,12 +365,18 @@ fn shipped_rbac_is_exactly_what_is_used() {
     let env = Env::new(&api, "ml", "p", TOKEN);
     let dir = env.path("dra");
     let child = env.spawn(&["init", "--dir", dir.to_str().unwrap()]);
-    let watches = |api: &TestApi| api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect::<BTreeSet<_>>();
+    let watches = |api: &TestApi| {
+        api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect::<BTreeSet<_>>()
+    };
     wait_until("watches on claim, node slices and driver slices", LIMIT, || watches(&api).len() == 3);
     api.apply(slice("s", "gpu.example.com", "shared-pool", 1, None, &[("g0", json!({"uuid": {"string": "X"}}))]));
     assert_ok(&wait_output(child, LIMIT));
-    let used: BTreeSet<(String, String)> =
-        api.requests().iter().filter(|r| (200..300).contains(&r.status)).map(|r| (r.verb.clone(), r.resource.clone())).collect();
+    let used: BTreeSet<(String, String)> = api
+        .requests()
+        .iter()
+        .filter(|r| (200..300).contains(&r.status))
+        .map(|r| (r.verb.clone(), r.resource.clone()))
+        .collect();
     let expected: BTreeSet<(String, String)> = [
         ("create", "events"),
         ("get", "pods"),
@@ -555,7 +580,15 @@ fn from_file_needs_no_cluster() {
     let text = read("examples/vm-passthrough.yaml").replace("name: gpu-vfio-1", "name: gpu-vfio-9");
     std::fs::write(&broken, text).unwrap();
     let dir2 = env_dir.path().join("dra2");
-    let out = run(&["init", "--from-file", broken.to_str().unwrap(), "--dir", dir2.to_str().unwrap(), "--termination-log", "/nonexistent/log"]);
+    let out = run(&[
+        "init",
+        "--from-file",
+        broken.to_str().unwrap(),
+        "--dir",
+        dir2.to_str().unwrap(),
+        "--termination-log",
+        "/nonexistent/log",
+    ]);
     let err = assert_failed(&out);
     assert!(err.contains("gpu.nvidia.com/metal-12/gpu-vfio-1"), "{err}");
     assert!(!dir2.exists());

@@ -21,7 +21,23 @@ impl Lcg {
     }
 }
 
-const HOSTILE: &[&str] = &["..", "../../etc/passwd", "/abs", "", "a/b/c", ".ready", "x\u{0}y", "{}", "[]", "-1", "99999999999999999999", "null", "\"\"", "{int: x}", "{bools: [1, 2]}"];
+const HOSTILE: &[&str] = &[
+    "..",
+    "../../etc/passwd",
+    "/abs",
+    "",
+    "a/b/c",
+    ".ready",
+    "x\u{0}y",
+    "{}",
+    "[]",
+    "-1",
+    "99999999999999999999",
+    "null",
+    "\"\"",
+    "{int: x}",
+    "{bools: [1, 2]}",
+];
 
 /// Replace a value, drop a line, or duplicate a line.
 fn mangle(text: &str, rng: &mut Lcg) -> String {
@@ -77,7 +93,11 @@ fn mangled_objects_never_panic_or_escape() {
 #[test]
 fn mangled_manifests_never_panic_inject() {
     let mut rng = Lcg(0xfeed);
-    let opts = drafs::inject::Options { mode: drafs::inject::Mode::SidecarFuse, image: "drafs:test".into(), dir: "/dra".into() };
+    let opts = drafs::inject::Options {
+        mode: drafs::inject::Mode::SidecarFuse,
+        image: "drafs:test".into(),
+        dir: "/dra".into(),
+    };
     for file in ["tests/inject/workloads.yaml", "tests/inject/deployment.yaml", "examples/sidecar-files.yaml"] {
         let text = read(file);
         for round in 0..300 {

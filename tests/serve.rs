@@ -36,7 +36,10 @@ fn fuse_tree_equals_init_tree_and_is_read_only() {
     serve.wait_for(".ready", Some(""), LIMIT);
     assert!(is_mounted(&mnt));
     let init_dir = env.path("init");
-    let out = env.run(&["init", "--dir", init_dir.to_str().unwrap(), "--metadata-dir", env.path("meta-init").to_str().unwrap()], LIMIT);
+    let out = env.run(
+        &["init", "--dir", init_dir.to_str().unwrap(), "--metadata-dir", env.path("meta-init").to_str().unwrap()],
+        LIMIT,
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let served = read_tree(&mnt);
     assert_eq!(served, read_tree(&init_dir));
@@ -158,7 +161,9 @@ fn watches_survive_api_restart_and_410_gone() {
     api.compact();
     set_nic_attribute(&api, "dra.net/ifName", "after-410");
     serve.wait_for(NIC0_IFNAME, Some("after-410"), LIMIT);
-    wait_until("a relist after 410", LIMIT, || api.requests().iter().filter(|r| r.verb == "list").count() > lists_before);
+    wait_until("a relist after 410", LIMIT, || {
+        api.requests().iter().filter(|r| r.verb == "list").count() > lists_before
+    });
     assert!(api.requests().iter().all(|r| r.status != 403));
 }
 
@@ -257,7 +262,13 @@ fn files_backend_serves_and_updates_without_privileges() {
     serve.wait_for(".ready", None, LIMIT);
     assert_eq!(serve.read(NIC0_IFNAME), None);
     // The swap is atomic; removing the old payload follows it.
-    let payloads = || std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("..") && e.file_name() != "..data").count();
+    let payloads = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("..") && e.file_name() != "..data")
+            .count()
+    };
     wait_until("old payloads removed", LIMIT, || payloads() == 1);
     serve.signal(libc::SIGTERM);
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));

@@ -152,13 +152,21 @@ impl Rbac {
         };
         let rules_of = |v: &Value| -> Vec<Rule> {
             let strs = |r: &Value, k: &str| -> Vec<String> {
-                r.get(k).and_then(Value::as_array).map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default()
+                r.get(k)
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                    .unwrap_or_default()
             };
             v.get("rules")
                 .and_then(Value::as_array)
                 .map(|rs| {
                     rs.iter()
-                        .map(|r| Rule { groups: strs(r, "apiGroups"), resources: strs(r, "resources"), verbs: strs(r, "verbs"), names: strs(r, "resourceNames") })
+                        .map(|r| Rule {
+                            groups: strs(r, "apiGroups"),
+                            resources: strs(r, "resources"),
+                            verbs: strs(r, "verbs"),
+                            names: strs(r, "resourceNames"),
+                        })
                         .collect()
                 })
                 .unwrap_or_default()
@@ -194,7 +202,9 @@ impl Rbac {
                 let user = match subject.get("kind").and_then(Value::as_str) {
                     Some("ServiceAccount") => format!(
                         "system:serviceaccount:{}:{}",
-                        ns_of(&json!({"metadata": {"namespace": subject.get("namespace").cloned().unwrap_or(json!("default"))}})),
+                        ns_of(
+                            &json!({"metadata": {"namespace": subject.get("namespace").cloned().unwrap_or(json!("default"))}})
+                        ),
                         subject.get("name").and_then(Value::as_str).unwrap_or("")
                     ),
                     _ => subject.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
@@ -374,7 +384,11 @@ impl TestApi {
     pub fn apply(&self, mut object: Value) {
         let res = Res::from_kind(object["kind"].as_str().unwrap_or("")).expect("a Pod, ResourceClaim or ResourceSlice");
         object["apiVersion"] = json!(res.api_version());
-        let ns = if res.namespaced() { object["metadata"]["namespace"].as_str().unwrap_or("default").to_string() } else { String::new() };
+        let ns = if res.namespaced() {
+            object["metadata"]["namespace"].as_str().unwrap_or("default").to_string()
+        } else {
+            String::new()
+        };
         let name = object["metadata"]["name"].as_str().expect("metadata.name").to_string();
         {
             let mut s = self.state();
@@ -409,7 +423,8 @@ impl TestApi {
 
     /// Events created by clients, oldest first.
     pub fn events(&self) -> Vec<Value> {
-        let mut events: Vec<Value> = self.state().objects.iter().filter(|((r, _, _), _)| *r == Res::Events).map(|(_, o)| o.clone()).collect();
+        let mut events: Vec<Value> =
+            self.state().objects.iter().filter(|((r, _, _), _)| *r == Res::Events).map(|(_, o)| o.clone()).collect();
         events.sort_by_key(|e| e["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<u64>().ok()));
         events
     }
@@ -573,7 +588,15 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     let query = req.uri().query().unwrap_or("").to_string();
     let params = query_params(&query);
     let Some(route) = route(&path) else {
-        return Ok(record(&shared, arrived, "", "", &path, &query, status_response(404, "NotFound", &format!("the server could not find the requested resource ({path})"))));
+        return Ok(record(
+            &shared,
+            arrived,
+            "",
+            "",
+            &path,
+            &query,
+            status_response(404, "NotFound", &format!("the server could not find the requested resource ({path})")),
+        ));
     };
     let is_watch = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = match (req.method().as_str(), &route.name, is_watch) {
@@ -582,7 +605,15 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         ("GET", None, true) => "watch",
         ("GET", None, false) => "list",
         _ => {
-            return Ok(record(&shared, arrived, "", route.res.name(), &path, &query, status_response(405, "MethodNotAllowed", "only reads are served")));
+            return Ok(record(
+                &shared,
+                arrived,
+                "",
+                route.res.name(),
+                &path,
+                &query,
+                status_response(405, "MethodNotAllowed", "only reads are served"),
+            ));
         }
     };
     let latency = shared.state.lock().unwrap().latency;
@@ -605,7 +636,16 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             fault.count -= 1;
             let status = fault.status;
             let field_selector = params.get("fieldSelector").cloned().unwrap_or_default();
-            s.requests.push(RequestRecord { started: arrived, at: Instant::now(), verb: verb.into(), resource: route.res.name().into(), path: path.clone(), query: query.clone(), field_selector, status });
+            s.requests.push(RequestRecord {
+                started: arrived,
+                at: Instant::now(),
+                verb: verb.into(),
+                resource: route.res.name().into(),
+                path: path.clone(),
+                query: query.clone(),
+                field_selector,
+                status,
+            });
             if status == 0 {
                 return Err(std::io::Error::other("injected connection drop"));
             }
@@ -625,7 +665,11 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
                 Some(status_response(
                     403,
                     "Forbidden",
-                    &format!("{what} is forbidden: User \"{user}\" cannot {verb} resource \"{}\" in API group \"{}\"{scope}", route.res.name(), route.res.group()),
+                    &format!(
+                        "{what} is forbidden: User \"{user}\" cannot {verb} resource \"{}\" in API group \"{}\"{scope}",
+                        route.res.name(),
+                        route.res.group()
+                    ),
                 ))
             }
             Some(_) => None,
@@ -636,7 +680,17 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     }
     let selector = match parse_selector(route.res, params.get("fieldSelector").map(String::as_str).unwrap_or("")) {
         Ok(s) => s,
-        Err(e) => return Ok(record(&shared, arrived, verb, route.res.name(), &path, &query, status_response(400, "BadRequest", &e))),
+        Err(e) => {
+            return Ok(record(
+                &shared,
+                arrived,
+                verb,
+                route.res.name(),
+                &path,
+                &query,
+                status_response(400, "BadRequest", &e),
+            ));
+        }
     };
     let response = match verb {
         "create" => {
@@ -695,7 +749,15 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     Ok(record(&shared, arrived, verb, "", &path, &query, response))
 }
 
-fn record(shared: &Shared, started: Instant, verb: &str, resource: &str, path: &str, query: &str, response: Response<Body>) -> Response<Body> {
+fn record(
+    shared: &Shared,
+    started: Instant,
+    verb: &str,
+    resource: &str,
+    path: &str,
+    query: &str,
+    response: Response<Body>,
+) -> Response<Body> {
     let resource = if resource.is_empty() { route(path).map(|r| r.res.name()).unwrap_or("") } else { resource };
     shared.state.lock().unwrap().requests.push(RequestRecord {
         started,
@@ -710,10 +772,19 @@ fn record(shared: &Shared, started: Instant, verb: &str, resource: &str, path: &
     response
 }
 
-fn watch_response(shared: Arc<Shared>, route: Route, selector: Selector, params: &HashMap<String, String>) -> Response<Body> {
+fn watch_response(
+    shared: Arc<Shared>,
+    route: Route,
+    selector: Selector,
+    params: &HashMap<String, String>,
+) -> Response<Body> {
     let since: Option<u64> = params.get("resourceVersion").and_then(|v| v.parse().ok()).filter(|v| *v > 0);
     let bookmarks = params.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let timeout = params.get("timeoutSeconds").and_then(|v| v.parse().ok()).map(Duration::from_secs).unwrap_or(Duration::from_secs(1800));
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut changed = shared.changed.subscribe();
     let mut epoch = shared.epoch.subscribe();
@@ -781,7 +852,9 @@ fn watch_response(shared: Arc<Shared>, route: Route, selector: Selector, params:
             }
         }
     });
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx)) });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
     Response::builder()
         .status(StatusCode::OK)
         .header("content-type", "application/json")

@@ -172,7 +172,13 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
 
 /// A pod on `node` whose claims are `(pod claim name, Ok(claim name) | Err(template))`,
 /// with the status entries of template claims given in `generated`.
-pub fn pod(ns: &str, name: &str, node: &str, claims: &[(&str, Result<&str, &str>)], generated: &[(&str, &str)]) -> Value {
+pub fn pod(
+    ns: &str,
+    name: &str,
+    node: &str,
+    claims: &[(&str, Result<&str, &str>)],
+    generated: &[(&str, &str)],
+) -> Value {
     let spec_claims: Vec<Value> = claims
         .iter()
         .map(|(n, src)| match src {
@@ -180,7 +186,8 @@ pub fn pod(ns: &str, name: &str, node: &str, claims: &[(&str, Result<&str, &str>
             Err(t) => serde_json::json!({"name": n, "resourceClaimTemplateName": t}),
         })
         .collect();
-    let statuses: Vec<Value> = generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
+    let statuses: Vec<Value> =
+        generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")},
@@ -208,7 +215,14 @@ pub fn claim(ns: &str, name: &str, results: Option<&[(&str, &str, &str, &str)]>)
 
 /// A slice of `driver`/`pool` at `generation`; `node` None means `allNodes: true`.
 /// Devices are (name, attributes as a JSON object).
-pub fn slice(name: &str, driver: &str, pool: &str, generation: i64, node: Option<&str>, devices: &[(&str, Value)]) -> Value {
+pub fn slice(
+    name: &str,
+    driver: &str,
+    pool: &str,
+    generation: i64,
+    node: Option<&str>,
+    devices: &[(&str, Value)],
+) -> Value {
     let devices: Vec<Value> = devices.iter().map(|(n, a)| serde_json::json!({"name": n, "attributes": a})).collect();
     let mut s = serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -225,7 +239,8 @@ pub fn slice(name: &str, driver: &str, pool: &str, generation: i64, node: Option
 /// The number of sequential round trips among the reads (GET, LIST): the longest
 /// chain of reads each sent only after the previous one was answered.
 pub fn sequential_round_trips(requests: &[apiserver::RequestRecord]) -> usize {
-    let mut reads: Vec<&apiserver::RequestRecord> = requests.iter().filter(|r| r.verb == "get" || r.verb == "list").collect();
+    let mut reads: Vec<&apiserver::RequestRecord> =
+        requests.iter().filter(|r| r.verb == "get" || r.verb == "list").collect();
     reads.sort_by_key(|r| r.started);
     let mut depth: Vec<usize> = Vec::with_capacity(reads.len());
     for (i, r) in reads.iter().enumerate() {
@@ -291,7 +306,10 @@ impl Serve {
             }
             if Instant::now() > deadline {
                 let out = self.stop_kill();
-                panic!("timed out after {limit:?} waiting for {rel} = {want:?} (got {got:?})\nstderr: {}", stderr(&out));
+                panic!(
+                    "timed out after {limit:?} waiting for {rel} = {want:?} (got {got:?})\nstderr: {}",
+                    stderr(&out)
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -340,8 +358,9 @@ pub fn detach(dir: &Path) {
 pub fn eight_device_slice(api: &TestApi, generation: usize) {
     let devices: Vec<(String, Value)> = (0..8)
         .map(|i| {
-            let attrs: serde_json::Map<String, Value> =
-                (0..30).map(|a| (format!("attr{a}"), serde_json::json!({"string": format!("value-{i}-{a}-{generation}")}))).collect();
+            let attrs: serde_json::Map<String, Value> = (0..30)
+                .map(|a| (format!("attr{a}"), serde_json::json!({"string": format!("value-{i}-{a}-{generation}")})))
+                .collect();
             (format!("g{i}"), Value::Object(attrs))
         })
         .collect();
@@ -352,7 +371,8 @@ pub fn eight_device_slice(api: &TestApi, generation: usize) {
 /// Pod `ml/p` on node n1 with claim `gpu` allocated all 8 devices of [`eight_device_slice`].
 pub fn eight_device_pod(api: &TestApi) {
     let names: Vec<String> = (0..8).map(|i| format!("g{i}")).collect();
-    let results: Vec<(&str, &str, &str, &str)> = names.iter().map(|d| ("gpu", "gpu.example.com", "n1", d.as_str())).collect();
+    let results: Vec<(&str, &str, &str, &str)> =
+        names.iter().map(|d| ("gpu", "gpu.example.com", "n1", d.as_str())).collect();
     api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
     api.apply(claim("ml", "c", Some(&results)));
 }
@@ -365,7 +385,14 @@ pub fn nic_without_status() -> (TestApi, Env, Value) {
     api.apply(pod("ml", "p", "n1", &[("net", Ok("c"))], &[]));
     let allocated = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
     api.apply(allocated.clone());
-    api.apply(slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", serde_json::json!({"mtu": {"int": 1500}}))]));
+    api.apply(slice(
+        "s",
+        "net.example.com",
+        "n1",
+        1,
+        Some("n1"),
+        &[("nic0", serde_json::json!({"mtu": {"int": 1500}}))],
+    ));
     let env = Env::new(&api, "ml", "p", TOKEN);
     (api, env, allocated)
 }
