@@ -623,3 +623,22 @@ fn events_are_optional() {
     assert_ok(&init(&env, &["--events=false"]));
     assert!(api.requests().iter().all(|r| r.verb != "create"));
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let out = init(&env, &["--log-format", "json"]);
+    assert_ok(&out);
+    let lines: Vec<Value> =
+        stderr(&out).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    assert!(lines.iter().any(|l| l["message"] == "tree written, ready" && l["files"].as_u64().is_some()), "{lines:?}");
+    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string()));
+
+    // A failure is a JSON error line too.
+    let env = Env::new(&_api, "ml", "ghost", TOKEN);
+    let out = init(&env, &["--log-format", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let last: Value = serde_json::from_str(stderr(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(last["level"], "ERROR");
+    assert!(last["message"].as_str().unwrap().contains("pod ml/ghost not found"));
+}
