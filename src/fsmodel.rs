@@ -116,33 +116,27 @@ impl FsSnapshot {
         let now = SystemTime::now();
         let mut nodes: HashMap<Ino, Node> = HashMap::new();
         let empty: Arc<[u8]> = Arc::from(Vec::new());
-        let mut add = |path: &str, kind: Kind, content: Arc<[u8]>, nodes: &mut HashMap<Ino, Node>| -> Ino {
+        let dirs = tree.dirs();
+        let entries = dirs.iter().map(|d| (d.as_str(), Kind::Dir, empty.clone()));
+        let entries = entries.chain(tree.files().map(|(p, c)| (p, Kind::File, Arc::from(c))));
+        let mut links: Vec<(Ino, &str, Ino)> = Vec::new();
+        for (path, kind, content) in entries {
             let ino = inodes.ino(path, kind);
-            let parent = if path.is_empty() { ROOT } else { inodes.ino(parent_of(path).0, Kind::Dir) };
+            let (parent_path, name) = parent_of(path);
+            let parent = if path.is_empty() { ROOT } else { inodes.ino(parent_path, Kind::Dir) };
+            if !path.is_empty() {
+                links.push((parent, name, ino));
+            }
             let mtime = previous
                 .and_then(|p| p.nodes.get(&ino))
                 .filter(|old| old.kind == kind && old.content == content)
                 .map(|old| old.mtime)
                 .unwrap_or(now);
             nodes.insert(ino, Node { ino, kind, parent, mtime, content, children: BTreeMap::new() });
-            ino
-        };
-        for dir in tree.dirs() {
-            add(&dir, Kind::Dir, empty.clone(), &mut nodes);
         }
-        for (path, content) in tree.files() {
-            add(path, Kind::File, Arc::from(content), &mut nodes);
-        }
-        // Link children to parents.
-        let links: Vec<(Ino, String, Ino)> = inodes
-            .by_path
-            .iter()
-            .filter(|((path, _), ino)| !path.is_empty() && nodes.contains_key(*ino))
-            .map(|((path, _), ino)| (nodes[ino].parent, parent_of(path).1.to_string(), *ino))
-            .collect();
         for (parent, name, ino) in links {
             if let Some(p) = nodes.get_mut(&parent) {
-                p.children.insert(name, ino);
+                p.children.insert(name.to_string(), ino);
             }
         }
         // A directory's mtime follows its entries.
@@ -164,12 +158,9 @@ impl FsSnapshot {
         self.nodes.get(&ino)
     }
 
-    pub fn len(&self) -> usize {
+    /// Inodes in the snapshot, directories included (statfs reports it).
+    pub fn node_count(&self) -> usize {
         self.nodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.nodes.len() <= 1
     }
 
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<&Node, FsError> {

@@ -178,7 +178,7 @@ impl Filesystem for DraFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.snapshot().len() as u64;
+        let files = self.snapshot().node_count() as u64;
         reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
     }
 }
