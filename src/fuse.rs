@@ -39,6 +39,11 @@ pub enum FuseError {
 
 type Current = Arc<RwLock<Arc<FsSnapshot>>>;
 
+/// The snapshot being served (a poisoned lock still holds a complete snapshot).
+fn load(current: &Current) -> Arc<FsSnapshot> {
+    current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+}
+
 struct DraFs {
     current: Current,
     metrics: Option<Arc<Metrics>>,
@@ -49,7 +54,7 @@ struct DraFs {
 
 impl DraFs {
     fn snapshot(&self) -> Arc<FsSnapshot> {
-        self.current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
+        load(&self.current)
     }
 
     fn attr(&self, node: &Node) -> FileAttr {
@@ -240,7 +245,7 @@ impl FuseMount {
 
     /// Swap in a new tree and push the invalidations it needs.
     pub fn update(&mut self, tree: &Tree) {
-        let old = self.current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone());
+        let old = load(&self.current);
         let new = Arc::new(FsSnapshot::build(tree, &mut self.inodes, Some(&old)));
         let changes = invalidations(&old, &new);
         match self.current.write() {
@@ -252,10 +257,6 @@ impl FuseMount {
         {
             let _ = tx.send(changes);
         }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

@@ -2,6 +2,8 @@
 //!
 //! Every backend (atomic files, FUSE) serves a [`Tree`]; building one is pure, so
 //! the layout (the contract users depend on) is tested without touching a disk.
+//! What changes between two trees is computed where it is used, on inodes, by
+//! `fsmodel::invalidations`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -94,34 +96,6 @@ impl Tree {
     /// The names directly under the root.
     pub fn top_level(&self) -> BTreeSet<String> {
         self.files.keys().map(|k| k.split('/').next().unwrap_or(k).to_string()).collect()
-    }
-
-    /// What changed from `self` to `next`.
-    pub fn diff(&self, next: &Tree) -> TreeDiff {
-        let mut diff = TreeDiff::default();
-        for (path, content) in &next.files {
-            match self.files.get(path) {
-                None => diff.added.push(path.clone()),
-                Some(old) if old != content => diff.changed.push(path.clone()),
-                Some(_) => {}
-            }
-        }
-        diff.removed = self.files.keys().filter(|k| !next.files.contains_key(*k)).cloned().collect();
-        diff
-    }
-}
-
-/// Paths added, changed and removed between two trees.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TreeDiff {
-    pub added: Vec<String>,
-    pub changed: Vec<String>,
-    pub removed: Vec<String>,
-}
-
-impl TreeDiff {
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
 }
 
@@ -310,19 +284,6 @@ mod tests {
         assert!(matches!(t.insert("a/b/c", "x"), Err(TreeError::Conflict(_))));
         assert!(t.contains("a") && t.contains("a/b") && !t.contains("a/c"));
         assert_eq!(t.dirs(), BTreeSet::from(["".to_string(), "a".to_string()]));
-    }
-
-    #[test]
-    fn diff_reports_added_changed_removed() {
-        let mut a = Tree::default();
-        a.insert("x", "1").unwrap();
-        a.insert("y", "1").unwrap();
-        let mut b = Tree::default();
-        b.insert("x", "2").unwrap();
-        b.insert("z", "1").unwrap();
-        let d = a.diff(&b);
-        assert_eq!((d.added, d.changed, d.removed), (vec!["z".into()], vec!["x".into()], vec!["y".into()]));
-        assert!(a.diff(&a).is_empty());
     }
 
     #[test]
