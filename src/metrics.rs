@@ -16,6 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
+/// One metric family: name, type, help and (labels, value) samples.
+type Family = (&'static str, &'static str, &'static str, Vec<(String, String)>);
+
 #[derive(Debug)]
 pub struct Metrics {
     started: Instant,
@@ -82,59 +85,55 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        let unlabelled = |value: String| vec![(String::new(), value)];
+        let count = |c: &AtomicU64| unlabelled(c.load(Ordering::Relaxed).to_string());
+        let errors = self.api_errors.lock().map(|m| m.clone()).unwrap_or_default();
+        let ready_ms = self.ready_after_ms.load(Ordering::Relaxed);
+        let mut metrics: Vec<Family> = Vec::new();
+        if ready_ms > 0 {
+            let seconds = format!("{:.3}", (ready_ms - 1) as f64 / 1000.0);
+            metrics.push((
+                "drafs_time_to_ready_seconds",
+                "gauge",
+                "Seconds from start to the first ready tree.",
+                unlabelled(seconds),
+            ));
+        }
+        metrics.extend([
+            (
+                "drafs_ready",
+                "gauge",
+                "1 while everything asked for is in the tree.",
+                unlabelled(u8::from(self.is_ready()).to_string()),
+            ),
+            ("drafs_tree_updates_total", "counter", "Trees published.", count(&self.tree_updates)),
+            (
+                "drafs_watch_restarts_total",
+                "counter",
+                "Watches re-established after an error or 410 Gone.",
+                count(&self.watch_restarts),
+            ),
+            (
+                "drafs_api_errors_total",
+                "counter",
+                "Failed API requests by HTTP status code (none: no response).",
+                errors.into_iter().map(|(code, n)| (format!("{{code=\"{code}\"}}"), n.to_string())).collect(),
+            ),
+            ("drafs_values_served", "gauge", "Files in the current tree.", count(&self.values_served)),
+            (
+                "drafs_fuse_reads_total",
+                "counter",
+                "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
+                count(&self.fuse_reads),
+            ),
+        ]);
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, String)>| {
+        for (name, kind, help, samples) in metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for (labels, value) in samples {
                 let _ = writeln!(out, "{name}{labels} {value}");
             }
-        };
-        let ready_ms = self.ready_after_ms.load(Ordering::Relaxed);
-        if ready_ms > 0 {
-            metric(
-                "drafs_time_to_ready_seconds",
-                "gauge",
-                "Seconds from start to the first ready tree.",
-                vec![(String::new(), format!("{:.3}", (ready_ms - 1) as f64 / 1000.0))],
-            );
         }
-        metric(
-            "drafs_ready",
-            "gauge",
-            "1 while everything asked for is in the tree.",
-            vec![(String::new(), u8::from(self.is_ready()).to_string())],
-        );
-        metric(
-            "drafs_tree_updates_total",
-            "counter",
-            "Trees published.",
-            vec![(String::new(), self.tree_updates.load(Ordering::Relaxed).to_string())],
-        );
-        metric(
-            "drafs_watch_restarts_total",
-            "counter",
-            "Watches re-established after an error or 410 Gone.",
-            vec![(String::new(), self.watch_restarts.load(Ordering::Relaxed).to_string())],
-        );
-        let errors = self.api_errors.lock().map(|m| m.clone()).unwrap_or_default();
-        metric(
-            "drafs_api_errors_total",
-            "counter",
-            "Failed API requests by HTTP status code (none: no response).",
-            errors.into_iter().map(|(code, n)| (format!("{{code=\"{code}\"}}"), n.to_string())).collect(),
-        );
-        metric(
-            "drafs_values_served",
-            "gauge",
-            "Files in the current tree.",
-            vec![(String::new(), self.values_served.load(Ordering::Relaxed).to_string())],
-        );
-        metric(
-            "drafs_fuse_reads_total",
-            "counter",
-            "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
-            vec![(String::new(), self.fuse_reads.load(Ordering::Relaxed).to_string())],
-        );
         out
     }
 
