@@ -256,17 +256,17 @@ impl Resolution {
             })
             .collect()
     }
+}
 
-    /// Names of the ResourceClaim objects the pod uses, as far as known.
-    pub fn claim_names(snapshot_pod: &Pod, selection: &Selection) -> Vec<String> {
-        pod_claims(snapshot_pod, selection)
-            .into_iter()
-            .filter_map(|c| match c.source {
-                ClaimSource::Named(name) => Some(name),
-                _ => None,
-            })
-            .collect()
-    }
+/// Names of the ResourceClaim objects the pod uses, as far as its status tells.
+pub fn claim_names(pod: &Pod, selection: &Selection) -> Vec<String> {
+    pod_claims(pod, selection)
+        .into_iter()
+        .filter_map(|c| match c.source {
+            ClaimSource::Named(name) => Some(name),
+            _ => None,
+        })
+        .collect()
 }
 
 enum ClaimSource {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
-use crate::resolve::{Missing, Resolution, Selection, resolve};
+use crate::resolve::{Missing, Resolution, Selection, claim_names, resolve};
 use crate::store::{Scope, ScopeEvent, Store};
 
 /// Errors talking to the API server. Only `Failed` is worth retrying.
@@ -365,7 +365,7 @@ impl Engine {
                 debug!(pod = %self.pod.name, "fetched pod");
                 self.errors.remove("pod");
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
-                let claims: BTreeSet<String> = Resolution::claim_names(&pod, &self.selection).into_iter().collect();
+                let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
                 self.store.pod = Some(pod);
                 for claim in claims {
                     self.start_watch(Scope::Claim(claim));
