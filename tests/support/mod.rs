@@ -3,6 +3,8 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod apiserver;
+pub mod cluster;
+pub mod controlplane;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the real control plane for the kube test tier from Go modules (no
+# prebuilt binaries): kube-apiserver from k8s.io/kubernetes and etcd from
+# go.etcd.io/etcd/server/v3 at the versions go.mod pins, plus the Go test
+# binary that decodes drafs's standard view with k8s.io/dynamic-resource-allocation.
+#
+# Output goes to a cache outside the checkout, keyed by go.mod, go.sum, the Go
+# version and this script, so a second run costs nothing. The last line printed
+# is the directory that holds kube-apiserver, etcd and metadata.test.
+#
+#   DRAFS_KUBE_CACHE   cache root (default: ${XDG_CACHE_HOME:-~/.cache}/drafs-kube)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here"
+
+command -v go >/dev/null || { echo "build.sh: go is not installed (the kube tier needs Go 1.26+)" >&2; exit 1; }
+
+key=$(cat go.mod go.sum build.sh cmd/etcd/main.go ./*_test.go 2>/dev/null | cat - <(go version) | sha256sum | cut -c1-16)
+root="${DRAFS_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-kube}"
+out="$root/$key"
+if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/metadata.test" ]; then
+    echo "$out"
+    exit 0
+fi
+
+mkdir -p "$root"
+tmp=$(mktemp -d "$root/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+# go.sum is committed: -mod=readonly keeps the build to exactly what it records.
+export GOFLAGS="-mod=readonly -trimpath"
+export CGO_ENABLED=0
+echo "build.sh: building kube-apiserver and etcd into $out (slow the first time on 2 cores)" >&2
+go build -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+go build -o "$tmp/etcd" ./cmd/etcd
+go test -c -o "$tmp/metadata.test" .
+mkdir -p "$out"
+mv "$tmp/kube-apiserver" "$tmp/etcd" "$tmp/metadata.test" "$out/"
+echo "$out"
