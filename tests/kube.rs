@@ -70,3 +70,230 @@ fn init_in_pod_template_claim_tree_and_standard_view() {
     assert_eq!(whole["pod"]["namespace"], json!(sc.namespace), "namespace from the service account");
     assert_upstream_decodes(cp, &meta, &dir.join(".json"));
 }
+
+/// Start `cmd` in the background with its stderr in `log` (so a test can wait on a line).
+fn spawn_logged(mut cmd: std::process::Command, log: &std::path::Path) -> std::process::Child {
+    let file = std::fs::File::create(log).unwrap();
+    cmd.stdout(std::process::Stdio::piped()).stderr(file).spawn().unwrap()
+}
+
+fn wait_for_log(log: &std::path::Path, needle: &str) {
+    wait_until(&format!("{needle:?} in {}", log.display()), LIMIT, || {
+        std::fs::read_to_string(log).unwrap_or_default().contains(needle)
+    });
+}
+
+fn finish_logged(child: std::process::Child, log: &std::path::Path) -> (Output, String) {
+    let out = wait_output(child, LIMIT);
+    (out, std::fs::read_to_string(log).unwrap_or_default())
+}
+
+#[test]
+fn init_records_a_normal_event_the_api_server_accepts() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/vm-passthrough.yaml"));
+    sc.create_all();
+    let dir = sc.path("dra");
+    let out = wait_output(
+        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["passthrough/pgpu/0/resource.kubernetes.io/pciBusID"], "0000:af:00.0", "{tree:?}");
+    // The Event went through the real API server's validation and is stored on the pod.
+    let events = cp.list(&format!("/api/v1/namespaces/{}/events", sc.namespace));
+    let ours: Vec<&Value> = events.iter().filter(|e| e["reason"] == "DeviceAttributesReady").collect();
+    assert_eq!(ours.len(), 1, "{events:?}\nstderr: {}", stderr(&out));
+    assert_eq!(ours[0]["type"], "Normal");
+    assert_eq!(ours[0]["involvedObject"]["uid"], json!(sc.pod_uid));
+    assert_eq!(ours[0]["involvedObject"]["kind"], "Pod");
+}
+
+#[test]
+fn init_waits_for_allocation_pod_status_and_slices_written_after_start() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/gpu-training.yaml"));
+    sc.create_unallocated();
+    let dir = sc.path("dra");
+    let log = sc.path("init.log");
+    let child = spawn_logged(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"]), &log);
+    // Not scheduled yet as far as drafs can tell: the generated claim is not in the pod's status.
+    wait_for_log(&log, "waiting for");
+    // The scheduler allocates, the kubelet's claim status arrives; the driver has not published yet.
+    sc.allocate();
+    wait_until("drafs to see the allocation and wait for the slice", LIMIT, || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().filter(|l| l.contains("waiting for")).count() >= 2 || text.contains("not published")
+    });
+    assert!(!dir.join(".ready").exists());
+    sc.publish_slices();
+    let (out, text) = finish_logged(child, &log);
+    assert!(out.status.success(), "exit {:?}\n{text}", out.status.code());
+    let tree = read_tree(&dir);
+    assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+    assert_eq!(tree[".ready"], "");
+}
+
+/// A network-attached device (an `allNodes` slice), a prioritized-list
+/// subrequest and list-typed attributes, built as the API server accepts them.
+fn fabric_scenario(cp: &ControlPlane) -> Scenario<'_> {
+    let namespace = support::cluster::unique("fabric");
+    let node = support::cluster::unique("node");
+    let pool = support::cluster::unique("fabric-pool");
+    let docs = vec![
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "solver-0", "namespace": namespace},
+            "spec": {"nodeName": node, "serviceAccountName": "drafs",
+                "resourceClaims": [{"name": "accel", "resourceClaimName": "solver-accel"}],
+                "containers": [{"name": "solver", "image": "registry.example/solver:1", "resources": {"claims": [{"name": "accel"}]}}]}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "solver-accel", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "accel", "firstAvailable": [
+                {"name": "large", "deviceClassName": "fabric.example.com", "count": 1},
+                {"name": "small", "deviceClassName": "fabric.example.com", "count": 2}]}]}},
+            "status": {
+                "allocation": {"devices": {"results": [
+                    {"request": "accel/large", "driver": "fabric.example.com", "pool": pool, "device": "fpga-7"}]}},
+                "reservedFor": [{"resource": "pods", "name": "solver-0", "uid": "set-at-allocation"}]}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{pool}-a")},
+            "spec": {"driver": "fabric.example.com", "allNodes": true,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "fpga-6", "attributes": {"model": {"string": "other"}}},
+                    {"name": "fpga-7", "attributes": {
+                        "model": {"string": "xcvu57p"},
+                        "lanes": {"ints": [0, 1, 2, 3]},
+                        "fabric.example.com/zones": {"strings": ["z1", "z2"]},
+                        "healthy": {"bool": true}},
+                     "capacity": {"memory": {"value": "16Gi"}}}]}}),
+    ];
+    Scenario::new(cp, namespace, "solver-0".into(), node, docs)
+}
+
+#[test]
+fn network_attached_device_prioritized_list_and_list_attributes() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = fabric_scenario(cp);
+    sc.create_all();
+    let dir = sc.path("dra");
+    let meta = sc.path("meta");
+    let out = wait_output(
+        sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["accel/accel/0/.request"], "accel/large", "{tree:?}");
+    assert_eq!(tree["accel/accel/0/.device"], "fpga-7");
+    assert_eq!(tree["accel/accel/0/model"], "xcvu57p");
+    assert_eq!(tree["accel/accel/0/lanes"], "0,1,2,3");
+    assert_eq!(tree["accel/accel/0/zones"], "z1,z2");
+    assert_eq!(tree["accel/accel/0/.capacity/fabric.example.com/memory"], "16Gi");
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+}
+
+#[test]
+fn list_typed_attributes_and_network_status_in_the_standard_view() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/rdma-network.yaml"));
+    sc.create_all();
+    let dir = sc.path("dra");
+    let meta = sc.path("meta");
+    let out = wait_output(
+        sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["nics/rdma/0/resource.kubernetes.io/numaNode"], "1");
+    assert_eq!(tree["nics/rdma/0/.status/interfaceName"], "net1");
+    assert_eq!(tree["nics/rdma/1/.status/ips"], "10.20.2.17/24");
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+}
+
+#[test]
+fn a_missing_rbac_verb_fails_at_once_with_the_403_message() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/gpu-training.yaml"));
+    // The shipped RBAC without `list` on ResourceSlices.
+    // (A ClusterRole of its own: the shared one is the shipped one.)
+    let rbac = read("examples/rbac.yaml")
+        .replace("  resources: [resourceslices]\n  verbs: [list, watch]", "  resources: [resourceslices]\n  verbs: [watch]")
+        .replace("name: drafs-resourceslices\n", &format!("name: drafs-resourceslices-{}\n", sc.namespace));
+    assert_eq!(rbac.matches(&sc.namespace).count(), 2, "{rbac}");
+    sc.create_rbac(&rbac);
+    sc.create_all_after_rbac();
+    let dir = sc.path("dra");
+    let started = std::time::Instant::now();
+    let out = wait_output(
+        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(60), "a 403 must not wait for the deadline");
+    let err = stderr(&out);
+    assert!(err.contains("forbidden"), "{err}");
+    assert!(err.contains("list resourceslices"), "{err}");
+    assert!(err.contains(&format!("system:serviceaccount:{}:drafs", sc.namespace)), "the server's own message: {err}");
+    assert!(sc.termination_log().contains("list resourceslices"), "{}", sc.termination_log());
+    assert!(!dir.join(".ready").exists());
+}
+
+#[test]
+fn get_from_a_kubeconfig_and_exec_against_the_api() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/rdma-network.yaml"));
+    sc.create_all();
+    let out = wait_output(
+        sc.kubeconfig_command(&["get", "-o", "json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_ok(&out);
+    let got: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(got["ready"], true);
+    assert_eq!(got["claims"][0]["devices"][0]["status"]["interfaceName"], "net1");
+    assert_eq!(got["claims"][0]["devices"][1]["attributes"]["dra.net/ifName"]["string"], "ens1f0np0");
+
+    let out = wait_output(
+        sc.kubeconfig_command(&[
+            "exec",
+            "--env",
+            "IFACES=nics/rdma/.status/interfaceName",
+            "--env",
+            "MTU=nics/rdma/0/mtu",
+            "--",
+            "sh",
+            "-c",
+            "printf '%s|%s' \"$IFACES\" \"$MTU\"",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap(),
+        LIMIT,
+    );
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "net1,net2|9000");
+}

@@ -96,6 +96,13 @@ impl<'a> Scenario<'a> {
         self.create_pod_and_claims();
     }
 
+    /// Everything but the RBAC, which the test applied itself.
+    pub fn create_all_after_rbac(&mut self) {
+        self.create_pod_and_claims();
+        self.allocate();
+        self.publish_slices();
+    }
+
     /// The namespace and an RBAC manifest applied in it (its `default`
     /// namespace replaced by this scenario's).
     pub fn create_rbac(&self, rbac_yaml: &str) {
@@ -190,8 +197,13 @@ impl<'a> Scenario<'a> {
         }
     }
 
+    /// The driver's slices, newest pool generation first (a fixture that keeps a
+    /// stale generation beside the current one means: the driver had already
+    /// published the current one when the pod started).
     pub fn publish_slices(&self) {
-        for s in self.of_kind("ResourceSlice") {
+        let mut slices = self.of_kind("ResourceSlice");
+        slices.sort_by_key(|s| std::cmp::Reverse(s["spec"]["pool"]["generation"].as_i64()));
+        for s in slices {
             self.cp.create(&as_created(&s));
         }
     }

@@ -407,6 +407,11 @@ impl ControlPlane {
         }
     }
 
+    /// The items of a list at `path`.
+    pub fn list(&self, path: &str) -> Vec<Value> {
+        self.call("GET", path, None, "application/json")["items"].as_array().cloned().unwrap_or_default()
+    }
+
     pub fn get(&self, object: &Value) -> Option<Value> {
         match self.raw("GET", &object_path(object), None, "application/json") {
             Ok((200, text)) => Some(serde_json::from_str(&text).unwrap()),

@@ -290,6 +290,11 @@ impl Serve {
         Serve { child: Some(env.spawn(&args)), dir: dir.to_path_buf() }
     }
 
+    /// A `serve` started by the caller (e.g. against the real control plane).
+    pub fn from_child(child: Child, dir: &Path) -> Serve {
+        Serve { child: Some(child), dir: dir.to_path_buf() }
+    }
+
     pub fn read(&self, rel: &str) -> Option<String> {
         std::fs::read_to_string(self.dir.join(rel)).ok()
     }
