@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod names;
 pub mod objects;
 pub mod resolve;
+pub mod slices;
 pub mod source;
 pub mod store;
 pub mod tree;

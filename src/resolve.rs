@@ -323,10 +323,15 @@ struct SliceIndex<'a> {
 }
 
 impl<'a> SliceIndex<'a> {
-    fn new(snapshot: &'a Snapshot) -> Self {
+    /// Pools as the scheduler sees them for `node`: a slice bound to another
+    /// node contributes neither devices nor a generation.
+    fn new(snapshot: &'a Snapshot, node: Option<&str>) -> Self {
         let mut pools: HashMap<(&str, &str), PoolView> = HashMap::new();
         for slice in snapshot.slices.values() {
             let spec = &slice.spec;
+            if !crate::slices::eligible_for(spec, node) {
+                continue;
+            }
             let key = (spec.driver.as_str(), spec.pool.name.as_str());
             let view = pools.entry(key).or_insert(PoolView {
                 generation: i64::MIN,
@@ -394,7 +399,7 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
     if out.pod.node.is_none() && !claims.is_empty() {
         out.missing.push(Missing::NotScheduled);
     }
-    let index = SliceIndex::new(snapshot);
+    let index = SliceIndex::new(snapshot, out.pod.node.as_deref());
     for pod_claim in claims {
         let name = pod_claim.name.clone();
         if !is_dns_label(&name) {
@@ -672,6 +677,25 @@ status:
         assert_eq!(status.interface_name.as_deref(), Some("net1"));
         assert_eq!(status.ips, vec!["10.0.0.1/24", "fd00::1/64"]);
         assert_eq!(status.data, Some(serde_json::json!({"vf": 3})));
+    }
+
+    #[test]
+    fn a_slice_of_another_node_never_contributes_devices_or_a_generation() {
+        // A whole-cluster dump: node n2 publishes pool "n1" of the same driver at a newer generation.
+        let mut text = full_fixture();
+        text += &slice(
+            "other-node",
+            "nodeName: n2",
+            "gpu.example.com",
+            "n1",
+            9,
+            1,
+            "[{name: g0, attributes: {uuid: {string: WRONG}}}, {name: g1, attributes: {uuid: {string: WRONG}}}]",
+        );
+        let res = resolve(&snapshot(&text), &Selection::default());
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
+        assert_eq!(res.claims[0].devices[0].attributes[&uuid].value, AttrValue::String("G1".into()));
     }
 
     #[test]

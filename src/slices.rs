@@ -1,0 +1,232 @@
+//! Keeping of ResourceSlices only what the pod's devices need.
+//!
+//! A node may publish thousands of devices (one per CPU core, one per SR-IOV
+//! VF) while the pod holds a handful. Slices are decoded from the API's raw
+//! JSON with every device left as unparsed text; only the devices the pod's
+//! claims reference are parsed, the rest are dropped before they cost memory.
+//! Of every slice of a referenced pool the pool's name, generation and slice
+//! count stay (the resolver picks the newest generation with them); slices of
+//! other pools and slices bound to another node are dropped whole, as the
+//! scheduler would not count them for this node either.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The devices the pod's claims are allocated, as (driver, pool, device).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    devices: BTreeSet<(String, String, String)>,
+    pools: BTreeSet<(String, String)>,
+}
+
+impl DeviceFilter {
+    pub fn new(devices: impl IntoIterator<Item = (String, String, String)>) -> Self {
+        let devices: BTreeSet<_> = devices.into_iter().collect();
+        let pools = devices.iter().map(|(d, p, _)| (d.clone(), p.clone())).collect();
+        DeviceFilter { devices, pools }
+    }
+
+    pub fn wants_pool(&self, driver: &str, pool: &str) -> bool {
+        // BTreeSet<(String, String)> cannot be probed with borrowed strs; pools are few.
+        self.pools.iter().any(|(d, p)| d == driver && p == pool)
+    }
+
+    pub fn wants(&self, driver: &str, pool: &str, device: &str) -> bool {
+        self.devices.iter().any(|(d, p, n)| d == driver && p == pool && n == device)
+    }
+
+    /// True when every device of `self` is also in `other`.
+    pub fn is_subset(&self, other: &DeviceFilter) -> bool {
+        self.devices.is_subset(&other.devices)
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+}
+
+/// Whether a slice may hold devices for a pod on `node`: one published for
+/// another node never does (the scheduler would not have used it there).
+pub fn eligible_for(spec: &ResourceSliceSpec, node: Option<&str>) -> bool {
+    match (spec.node_name.as_deref().filter(|n| !n.is_empty()), node) {
+        (Some(slice_node), Some(node)) => slice_node == node,
+        _ => true,
+    }
+}
+
+/// What is kept of a decoded slice: the slice with only the wanted devices, or
+/// nothing when no wanted pool is in it or it is for another node.
+pub fn trim(mut slice: ResourceSlice, filter: &DeviceFilter, node: Option<&str>) -> Option<ResourceSlice> {
+    let spec = &mut slice.spec;
+    if !eligible_for(spec, node) || !filter.wants_pool(&spec.driver, &spec.pool.name) {
+        return None;
+    }
+    let (driver, pool) = (spec.driver.clone(), spec.pool.name.clone());
+    if let Some(devices) = &mut spec.devices {
+        devices.retain(|d| filter.wants(&driver, &pool, &d.name));
+    }
+    spec.shared_counters = None;
+    slice.metadata.managed_fields = None;
+    Some(slice)
+}
+
+/// A slice as the API sends it, its devices left unparsed.
+#[derive(Deserialize)]
+struct RawSlice<'a> {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(borrow)]
+    spec: RawSpec<'a>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSpec<'a> {
+    driver: String,
+    pool: ResourcePool,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    all_nodes: Option<bool>,
+    #[serde(default)]
+    node_selector: Option<NodeSelector>,
+    #[serde(default)]
+    per_device_node_selection: Option<bool>,
+    #[serde(default, borrow)]
+    devices: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct DeviceName<'a> {
+    #[serde(borrow)]
+    name: std::borrow::Cow<'a, str>,
+}
+
+/// Decode one slice from its JSON text, parsing only the wanted devices.
+pub fn decode(raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<ResourceSlice>, serde_json::Error> {
+    let RawSlice { mut metadata, spec } = serde_json::from_str(raw)?;
+    let mut kept = ResourceSliceSpec {
+        driver: spec.driver,
+        pool: spec.pool,
+        node_name: spec.node_name,
+        all_nodes: spec.all_nodes,
+        node_selector: spec.node_selector,
+        per_device_node_selection: spec.per_device_node_selection,
+        ..Default::default()
+    };
+    if !eligible_for(&kept, node) || !filter.wants_pool(&kept.driver, &kept.pool.name) {
+        return Ok(None);
+    }
+    let mut devices: Vec<Device> = Vec::new();
+    for device in spec.devices {
+        let name: DeviceName = serde_json::from_str(device.get())?;
+        if filter.wants(&kept.driver, &kept.pool.name, &name.name) {
+            devices.push(serde_json::from_str(device.get())?);
+        }
+    }
+    kept.devices = Some(devices);
+    metadata.managed_fields = None;
+    Ok(Some(ResourceSlice { metadata, spec: kept }))
+}
+
+/// One page of a list, its items left unparsed.
+#[derive(Deserialize)]
+pub struct RawList<'a> {
+    #[serde(default)]
+    pub metadata: RawListMeta,
+    #[serde(default, borrow)]
+    pub items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RawListMeta {
+    #[serde(default, rename = "continue")]
+    pub continue_token: Option<String>,
+    #[serde(default)]
+    pub resource_version: Option<String>,
+}
+
+/// One line of a watch stream, its object left unparsed.
+#[derive(Deserialize)]
+pub struct RawEvent<'a> {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(borrow)]
+    pub object: &'a RawValue,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice_json(node: Option<&str>, pool: &str, devices: &[&str]) -> String {
+        let devices: Vec<_> =
+            devices.iter().map(|d| json!({"name": d, "attributes": {"uuid": {"string": format!("U-{d}")}}})).collect();
+        let mut spec = json!({"driver": "gpu.example.com", "pool": {"name": pool, "generation": 3, "resourceSliceCount": 2},
+            "devices": devices, "sharedCounters": [{"name": "c", "counters": {}}]});
+        match node {
+            Some(n) => spec["nodeName"] = json!(n),
+            None => spec["allNodes"] = json!(true),
+        }
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "s", "resourceVersion": "7"}, "spec": spec})
+        .to_string()
+    }
+
+    fn filter() -> DeviceFilter {
+        DeviceFilter::new([("gpu.example.com".into(), "p".into(), "g1".into())])
+    }
+
+    #[test]
+    fn keeps_only_wanted_devices_and_the_pool() {
+        let s = decode(&slice_json(Some("n"), "p", &["g0", "g1", "g2"]), &filter(), Some("n")).unwrap().unwrap();
+        let devices = s.spec.devices.unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].name, "g1");
+        assert_eq!(devices[0].attributes.as_ref().unwrap()["uuid"].string.as_deref(), Some("U-g1"));
+        assert_eq!((s.spec.pool.generation, s.spec.pool.resource_slice_count), (3, 2));
+        assert!(s.spec.shared_counters.is_none());
+        assert_eq!(s.metadata.resource_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn a_slice_of_a_wanted_pool_without_wanted_devices_still_counts_for_the_pool() {
+        let s = decode(&slice_json(Some("n"), "p", &["g5"]), &filter(), Some("n")).unwrap().unwrap();
+        assert_eq!(s.spec.devices.unwrap().len(), 0);
+    }
+
+    #[test]
+    fn other_pools_and_other_nodes_are_dropped() {
+        assert!(decode(&slice_json(Some("n"), "other", &["g1"]), &filter(), Some("n")).unwrap().is_none());
+        assert!(decode(&slice_json(Some("m"), "p", &["g1"]), &filter(), Some("n")).unwrap().is_none());
+        assert!(decode(&slice_json(None, "p", &["g1"]), &filter(), Some("n")).unwrap().is_some());
+    }
+
+    #[test]
+    fn trim_agrees_with_decode() {
+        let text = slice_json(Some("n"), "p", &["g0", "g1"]);
+        let full: ResourceSlice = serde_json::from_str(&text).unwrap();
+        let trimmed = trim(full, &filter(), Some("n")).unwrap();
+        assert_eq!(Some(trimmed), decode(&text, &filter(), Some("n")).unwrap());
+        let other: ResourceSlice = serde_json::from_str(&slice_json(Some("m"), "p", &["g1"])).unwrap();
+        assert!(trim(other, &filter(), Some("n")).is_none());
+    }
+
+    #[test]
+    fn malformed_device_is_an_error_not_a_panic() {
+        let text = slice_json(Some("n"), "p", &["g1"]).replace("\"attributes\"", "\"attributes\": 5, \"x\"");
+        assert!(decode(&text, &filter(), Some("n")).is_err());
+        assert!(decode("{", &filter(), None).is_err());
+    }
+}
