@@ -22,8 +22,11 @@ use crate::inject;
 use crate::metadata::{self, Generations};
 use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
+use crate::api::{EngineError, PodRef, RetryBackoff};
+use crate::files::WriteError;
+use crate::reconcile::{Mode, Phase, Publication, Reconciler, Step, Transition};
 use crate::resolve::{Resolution, Selection, resolve};
-use crate::source::{Engine, EngineError, Flow, PodRef};
+use crate::source::Engine;
 use crate::tree::{self, BuiltTree, EntryKind};
 
 /// How a command failed; the exit code follows from it.
@@ -91,15 +94,19 @@ async fn client_and_pod(global: &Global) -> Result<(kube::Client, PodRef), Failu
     Ok((client, PodRef { namespace, name }))
 }
 
-fn engine_failure(e: EngineError, timeout: Duration, missing: &[String]) -> Failure {
+/// Why a run against the API ended without a result.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("cannot write the outputs: {0}")]
+    Output(#[from] PublishError),
+}
+
+fn engine_failure(e: RunError, timeout: Duration) -> Failure {
     match e {
-        EngineError::Timeout { waiting_for } => {
-            let mut what: Vec<String> = waiting_for;
-            what.extend(missing.iter().cloned());
-            if what.is_empty() {
-                what.push("no resolution yet".into());
-            }
-            Failure::Failed(format!("not ready after {}: {}", humanize(timeout), what.join("; ")))
+        RunError::Engine(EngineError::Timeout { waiting_for }) => {
+            Failure::Failed(format!("not ready after {}: {}", humanize(timeout), waiting_for.join("; ")))
         }
         other => Failure::Failed(other.to_string()),
     }
@@ -121,6 +128,17 @@ enum TreeOutput {
     Fuse(FuseMount),
 }
 
+/// An output that could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("tree: {0}")]
+    Tree(#[source] WriteError),
+    #[error("metadata view: {0}")]
+    Metadata(#[source] WriteError),
+    #[error("the writer stopped unexpectedly")]
+    WriterGone,
+}
+
 /// Publishes each new tree and, when asked, the metadata view.
 struct Publisher {
     tree: TreeOutput,
@@ -132,22 +150,163 @@ impl Publisher {
         Publisher { tree, metadata: args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::default())) }
     }
 
-    fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), String> {
+    /// Write every output; one that fails does not keep the others from being written.
+    fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), PublishError> {
+        let mut failed = None;
         if let Some((dir, generations)) = &mut self.metadata {
             let mut warnings = Vec::new();
             let view = metadata::build(res, generations, &mut warnings);
             for w in warnings {
                 warn!("{w}");
             }
-            dir.write(&view).map_err(|e| format!("metadata view: {e}"))?;
+            if let Err(e) = dir.write(&view) {
+                failed = Some(PublishError::Metadata(e));
+            }
         }
         match &mut self.tree {
             TreeOutput::Files(dir) => {
-                dir.write(&built.tree).map_err(|e| e.to_string())?;
+                if let Err(e) = dir.write(&built.tree) {
+                    failed = Some(PublishError::Tree(e));
+                }
             }
             TreeOutput::Fuse(mount) => mount.update(&built.tree),
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// Writes trees off the runtime thread (a slow disk must not stall watches or
+/// `/readyz`), retries a failed write with backoff, and reports readiness
+/// changes to the log, the metrics and the pod's Events from one place.
+struct Outputs {
+    publisher: Option<Publisher>,
+    metrics: Arc<Metrics>,
+    events: Events,
+    dir: std::path::PathBuf,
+    failed: Option<Publication>,
+    retry: RetryBackoff,
+    retry_at: Option<Instant>,
+}
+
+impl Outputs {
+    fn new(publisher: Publisher, metrics: Arc<Metrics>, events: Events, dir: &Path) -> Self {
+        Outputs {
+            publisher: Some(publisher),
+            metrics,
+            events,
+            dir: dir.to_path_buf(),
+            failed: None,
+            retry: RetryBackoff::default(),
+            retry_at: None,
+        }
+    }
+
+    async fn publish(&mut self, publication: Publication) -> Result<(), PublishError> {
+        let Some(mut publisher) = self.publisher.take() else { return Err(PublishError::WriterGone) };
+        let (publisher, publication, result) = tokio::task::spawn_blocking(move || {
+            let result = publisher.publish(&publication.resolution, &publication.built);
+            (publisher, publication, result)
+        })
+        .await
+        .map_err(|_| PublishError::WriterGone)?;
+        self.publisher = Some(publisher);
+        let built = &publication.built;
+        match &result {
+            Ok(()) => {
+                self.metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
+                if self.failed.take().is_some() {
+                    info!("outputs written again");
+                }
+                self.retry.reset();
+                self.retry_at = None;
+            }
+            Err(e) => {
+                self.metrics.tree_published(false, built.tree.len(), &[format!("output failed: {e}")]);
+                let after = self.retry.next().unwrap_or_default();
+                warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
+                self.retry_at = Some(Instant::now() + after);
+                self.failed = Some(publication);
+            }
+        }
+        result
+    }
+
+    async fn retry_failed(&mut self) {
+        self.retry_at = None;
+        if let Some(publication) = self.failed.take() {
+            let _ = self.publish(publication).await;
+        }
+    }
+
+    fn report(&self, transition: Transition, files: usize, uid: Option<String>) {
+        let note = |warning: bool, reason: &'static str, message: String| Note { warning, reason, message, uid: uid.clone() };
+        match transition {
+            Transition::Waiting { missing } => info!("waiting for: {}", missing.join("; ")),
+            Transition::Ready { summary } => {
+                info!(dir = %self.dir.display(), files, %summary, "ready");
+                self.events.record(note(false, events::READY, summary));
+            }
+            Transition::Updated => info!(files, "tree updated"),
+            Transition::Lost { missing } => {
+                let message = format!("no longer ready, values removed: {}", missing.join("; "));
+                warn!("{message}");
+                self.events.record(note(true, events::NOT_READY, message));
+            }
+            Transition::Recovered => {
+                info!(files, "ready again");
+                self.events.record(note(false, events::READY, "ready again".into()));
+            }
+        }
+    }
+}
+
+/// Drive the reconciler with the engine until the run is done. Outputs are
+/// published as the steps say (`None`: `get`/`exec`, nothing to publish).
+async fn drive(
+    engine: &mut Engine,
+    reconciler: &mut Reconciler,
+    mut outputs: Option<&mut Outputs>,
+    fail_on_output_error: bool,
+) -> Result<Resolution, RunError> {
+    let mut step = reconciler.start();
+    loop {
+        for w in step.warnings.drain(..) {
+            warn!("{w}");
+        }
+        engine.execute(std::mem::take(&mut step.actions));
+        let files = step.publish.as_ref().map(|p| p.built.tree.len()).unwrap_or_default();
+        if let (Some(out), Some(publication)) = (outputs.as_deref_mut(), step.publish.take())
+            && let Err(e) = out.publish(publication).await
+            && fail_on_output_error
+        {
+            return Err(RunError::Output(e));
+        }
+        if let (Some(out), Some(transition)) = (outputs.as_deref(), step.transition.take()) {
+            out.report(transition, files, reconciler.pod_uid());
+        }
+        if let Some(done) = step.done.take() {
+            return Ok(done?);
+        }
+        if matches!(reconciler.phase(), Phase::Ready | Phase::Degraded) {
+            engine.clear_deadline();
+        }
+        let retry_at = outputs.as_ref().and_then(|o| o.retry_at);
+        tokio::select! {
+            input = engine.next() => step = reconciler.handle(input),
+            _ = sleep_until_opt(retry_at) => {
+                if let Some(out) = outputs.as_deref_mut() {
+                    out.retry_failed().await;
+                }
+                step = Step::default();
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -188,57 +347,29 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
         if !built.is_ready() {
             return Err(Failure::Failed(format!("not ready: {}", built.missing.join("; "))));
         }
-        publisher.publish(&res, &built).map_err(Failure::Failed)?;
+        publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
         info!(dir = %out.dir.display(), files = built.tree.len(), "tree written");
         return Ok(());
     }
     let (client, pod) = client_and_pod(global).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), "resolving");
     let events = Events::start(client.clone(), pod.clone(), out.events);
-    let started = Instant::now();
-    let mut engine = Engine::new(client, pod, sel).with_metrics(Some(metrics.clone()));
-    let mut missing: Vec<String> = Vec::new();
-    let mut summary = String::new();
-    let result = engine
-        .run(deadline(args.select.timeout), false, |res| {
-            let built = tree::build(res, &out.require);
-            if !built.is_ready() {
-                metrics.tree_published(false, built.tree.len(), &built.missing);
-                if built.missing != missing {
-                    info!("waiting for: {}", built.missing.join("; "));
-                    missing = built.missing;
-                }
-                return Ok(Flow::Continue);
-            }
-            publisher.publish(res, &built).map_err(EngineError::Output)?;
-            metrics.tree_published(true, built.tree.len(), &[]);
-            let elapsed_ms = started.elapsed().as_millis() as u64;
-            info!(dir = %out.dir.display(), files = built.tree.len(), elapsed_ms, "tree written, ready");
-            summary = ready_summary(res, elapsed_ms);
-            Ok(Flow::Stop)
-        })
-        .await;
-    let uid = engine.pod_uid();
+    let mut outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
+    let mut engine = Engine::new(client, pod.clone(), deadline(args.select.timeout)).with_metrics(Some(metrics));
+    let mut reconciler = Reconciler::new(Mode::UntilReady, pod, sel, out.require.clone());
+    let result = drive(&mut engine, &mut reconciler, Some(&mut outputs), true).await;
+    drop(engine);
     let outcome = match result {
-        Ok(_) => {
-            events.record(Note { warning: false, reason: events::READY, message: summary, uid });
-            Ok(())
-        }
+        Ok(_) => Ok(()),
         Err(e) => {
-            let failure = engine_failure(e, args.select.timeout, &missing);
-            events.record(Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid });
+            let failure = engine_failure(e, args.select.timeout);
+            let note = Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
+            outputs.events.record(note);
             Err(failure)
         }
     };
-    events.finish().await;
+    outputs.events.finish().await;
     outcome
-}
-
-/// "2 devices of 1 claim ready after 12 ms".
-fn ready_summary(res: &Resolution, elapsed_ms: u64) -> String {
-    let devices: usize = res.claims.iter().map(|c| c.devices.len()).sum();
-    let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
-    format!("{} of {} ready after {elapsed_ms} ms", plural(devices, "device"), plural(res.claims.len(), "claim"))
 }
 
 /// Serve until stopped; fails only if not ready by the deadline (or at start-up).
@@ -260,7 +391,7 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
     if let Some(path) = &global.from_file {
         let res = resolve_file(global, path, &sel)?;
         let built = tree::build(&res, &out.require);
-        publisher.publish(&res, &built).map_err(Failure::Failed)?;
+        publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
         metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
         if !built.is_ready() {
             warn!("not ready: {}", built.missing.join("; "));
@@ -271,48 +402,19 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
     let (client, pod) = client_and_pod(global).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), backend = ?args.backend, "resolving");
     let events = Events::start(client.clone(), pod.clone(), out.events);
-    let started = Instant::now();
-    let mut engine = Engine::new(client, pod, sel).with_metrics(Some(metrics.clone()));
-    let mut missing: Vec<String> = Vec::new();
-    let mut was_ready = false;
-    let mut updates: u64 = 0;
-    let mut uid: Option<String> = None;
-    let result = engine
-        .run(deadline(args.select.timeout), false, |res| {
-            let built = tree::build(res, &out.require);
-            publisher.publish(res, &built).map_err(EngineError::Output)?;
-            metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
-            updates += 1;
-            uid = Some(res.pod.uid.clone()).filter(|u| !u.is_empty());
-            let elapsed_ms = started.elapsed().as_millis() as u64;
-            match (was_ready, built.is_ready()) {
-                (false, true) => {
-                    info!(files = built.tree.len(), elapsed_ms, "ready");
-                    let message = ready_summary(res, elapsed_ms);
-                    events.record(Note { warning: false, reason: events::READY, message, uid: uid.clone() });
-                }
-                (true, false) => {
-                    let message = format!("no longer ready, values removed: {}", built.missing.join("; "));
-                    warn!("{message}");
-                    events.record(Note { warning: true, reason: events::NOT_READY, message, uid: uid.clone() });
-                }
-                (true, true) => info!(files = built.tree.len(), updates, "tree updated"),
-                (false, false) if built.missing != missing => info!("waiting for: {}", built.missing.join("; ")),
-                (false, false) => {}
-            }
-            was_ready = built.is_ready();
-            missing = built.missing;
-            Ok(if was_ready { Flow::Ready } else { Flow::Continue })
-        })
-        .await;
-    // The engine only returns with an error (serve has no end but a signal).
+    let mut outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
+    let mut engine = Engine::new(client, pod.clone(), deadline(args.select.timeout)).with_metrics(Some(metrics));
+    let mut reconciler = Reconciler::new(Mode::Follow, pod, sel, out.require.clone());
+    // Serve has no end but a signal: drive only returns with an error.
+    let result = drive(&mut engine, &mut reconciler, Some(&mut outputs), false).await;
+    drop(engine);
     let failure = match result {
         Ok(_) => return Ok(()),
-        Err(e) => engine_failure(e, args.select.timeout, &missing),
+        Err(e) => engine_failure(e, args.select.timeout),
     };
-    let uid = uid.or_else(|| engine.pod_uid());
-    events.record(Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid });
-    events.finish().await;
+    let note = Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
+    outputs.events.record(note);
+    outputs.events.finish().await;
     Err(failure)
 }
 
@@ -354,11 +456,9 @@ async fn resolve_once(global: &Global, select: &SelectArgs) -> Result<Resolution
         Some(path) => resolve_file(global, path, &sel),
         None => {
             let (client, pod) = client_and_pod(global).await?;
-            let mut engine = Engine::new(client, pod, sel);
-            engine
-                .run(deadline(select.timeout), true, |_| Ok(Flow::Continue))
-                .await
-                .map_err(|e| engine_failure(e, select.timeout, &[]))
+            let mut engine = Engine::new(client, pod.clone(), deadline(select.timeout));
+            let mut reconciler = Reconciler::new(Mode::Once, pod, sel, Vec::new());
+            drive(&mut engine, &mut reconciler, None, true).await.map_err(|e| engine_failure(e, select.timeout))
         }
     }
 }

@@ -117,9 +117,10 @@ pub struct OutputArgs {
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090); off by default.
     #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Record Kubernetes Events on the pod (needs the optional events Role of examples/rbac.yaml).
-    #[arg(long, env = "DRAFS_EVENTS", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub events: bool,
+    /// Which Kubernetes Events to record on the pod: warnings (not ready by the deadline, values lost),
+    /// all (also a Normal event once ready, one more request), or none. Needs the optional events Role.
+    #[arg(long, env = "DRAFS_EVENTS", value_enum, default_value_t = EventsMode::Warnings, value_name = "WHICH")]
+    pub events: EventsMode,
 }
 
 #[derive(Debug, Args)]
@@ -131,6 +132,16 @@ pub struct ServeArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+}
+
+/// Which Events drafs records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsMode {
+    #[value(alias = "true")]
+    All,
+    Warnings,
+    #[value(alias = "false")]
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,9 +195,22 @@ pub enum Output {
     Tree,
 }
 
-/// Parse `90s`, `5m`, `1h30m`, `250ms` or a bare number of seconds.
+/// The longest duration accepted (a deadline further out is a mistake, and
+/// would overflow the clock).
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parse `90s`, `5m`, `1h30m`, `250ms` or a bare number of seconds, at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    let total = parse_duration_unbounded(text)?;
+    if total > MAX_DURATION {
+        return Err(format!("duration {text:?} is longer than the maximum of 366 days"));
+    }
+    Ok(total)
+}
+
+fn parse_duration_unbounded(text: &str) -> Result<Duration, String> {
+    let too_long = || format!("duration {text:?} is longer than the maximum of 366 days");
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
@@ -203,11 +227,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
             other => return Err(format!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m, h)")),
         };
-        total += unit;
+        total = total.checked_add(unit).ok_or_else(too_long)?;
         rest = &rest[unit_len..];
     }
     if text.is_empty() {
@@ -229,6 +253,13 @@ mod tests {
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("m").is_err());
+        // Out of range: an error, never an overflow.
+        assert!(parse_duration("18446744073709551615s").is_err());
+        assert!(parse_duration("18446744073709551615").is_err());
+        assert!(parse_duration("99999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s18446744073709551615s").is_err());
+        assert!(parse_duration("367d").is_err());
+        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tracing::{debug, warn};
 
-use crate::source::PodRef;
+use crate::api::PodRef;
+use crate::cli::EventsMode;
 
 pub const READY: &str = "DeviceAttributesReady";
 pub const NOT_READY: &str = "DeviceAttributesNotReady";
@@ -32,12 +33,18 @@ pub struct Note {
 pub struct Events {
     tx: Option<tokio::sync::mpsc::UnboundedSender<Note>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    mode: EventsMode,
 }
 
 impl Events {
-    pub fn start(client: Client, pod: PodRef, enabled: bool) -> Self {
-        if !enabled {
-            return Events { tx: None, task: None };
+    /// No events at all (`get`, `exec`, or `--events=none`).
+    pub fn none() -> Self {
+        Events { tx: None, task: None, mode: EventsMode::None }
+    }
+
+    pub fn start(client: Client, pod: PodRef, mode: EventsMode) -> Self {
+        if mode == EventsMode::None {
+            return Events::none();
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
         let mut recorder = Recorder { api: Api::namespaced(client, &pod.namespace), pod, enabled: true };
@@ -46,10 +53,14 @@ impl Events {
                 recorder.emit(&note).await;
             }
         });
-        Events { tx: Some(tx), task: Some(task) }
+        Events { tx: Some(tx), task: Some(task), mode }
     }
 
+    /// Queue `note` if the mode records it (Normal events only with `all`).
     pub fn record(&self, note: Note) {
+        if !note.warning && self.mode != EventsMode::All {
+            return;
+        }
         if let Some(tx) = &self.tx {
             let _ = tx.send(note);
         }

@@ -1,5 +1,6 @@
 //! drafs: the attributes of a pod's DRA-allocated devices, as files.
 
+pub mod api;
 pub mod app;
 pub mod cli;
 pub mod envvars;
@@ -12,6 +13,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod names;
 pub mod objects;
+pub mod reconcile;
 pub mod resolve;
 pub mod slices;
 pub mod source;

@@ -1,218 +1,81 @@
-//! The API layer: get the Pod, watch its claims and the slices of its devices.
+//! The I/O half: carries out the reconciler's actions against the API server
+//! and turns what comes back into its inputs.
 //!
-//! Round trips are what an init container's start-up time is made of, so the order
-//! is fixed: GET the Pod; then, concurrently, list each claim (`metadata.name`) and
-//! the node's slices (`spec.nodeName`); only when a device is still not found, list
-//! the slices of its driver bound to no single node (`spec.driver=..,spec.nodeName=`).
-//! All lists continue as watches, so waiting costs no polling. The Pod itself is
-//! only fetched again while a generated claim has not appeared in its status (the
-//! shipped RBAC grants `get pods`, not `watch`).
+//! Every request is bounded in time (a stalled server cannot hold a run past
+//! its deadline), lists are paged (`limit` + `continue`) and slices are decoded
+//! with the reconciler's device filter (see `slices`), so memory follows the
+//! pod's devices and one page, not the node. Watches ask the server to close
+//! them after [`WATCH_SECONDS`] and are given up as broken when silent longer
+//! than that plus a margin, so a connection that died without a word is noticed.
+//! The first page of the node's slices is requested together with the claims;
+//! it is decoded once the claims say which devices to keep.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::runtime::utils::{Backoff, StreamBackoff};
-use kube::runtime::watcher::{self, watcher};
-use kube::{Api, Client};
-use tokio::sync::mpsc;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ListParams, WatchParams};
+use kube::core::Request;
+use kube::Client;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
+pub use crate::api::{ApiError, EngineError, PodRef, RetryBackoff};
 use crate::metrics::Metrics;
-use crate::resolve::{Missing, Resolution, Selection, claim_names, resolve};
-use crate::store::{Scope, ScopeEvent, Store};
+use crate::reconcile::{Action, Input};
+use crate::slices::{self, DeviceFilter, RawEvent, RawList};
+use crate::store::{Item, Scope};
 
-/// Errors talking to the API server. Only `Failed` is worth retrying.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ApiError {
-    #[error(
-        "forbidden: the service account may not {verb} {resource}{scope} ({message}); grant it with the Role and ClusterRole of examples/rbac.yaml"
-    )]
-    Forbidden { verb: &'static str, resource: String, scope: String, message: String },
-    #[error(
-        "unauthorized: the API server rejected the credentials for {verb} {resource} ({message}); check the service account token or kubeconfig"
-    )]
-    Unauthorized { verb: &'static str, resource: String, message: String },
-    #[error(
-        "pod {namespace}/{name} not found; set POD_NAME and POD_NAMESPACE from the downward API (metadata.name, metadata.namespace) or pass --pod-name/--pod-namespace"
-    )]
-    PodNotFound { namespace: String, name: String },
-    #[error("cannot {verb} {resource}{scope}: {message}")]
-    Failed { verb: &'static str, resource: String, scope: String, message: String, code: Option<u16> },
-}
+/// The server closes each watch after this long; drafs resumes it from the last version.
+pub const WATCH_SECONDS: u32 = 60;
+/// A watch silent this long (no event, no bookmark, no close) is restarted.
+pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
+/// Longest wait for one request's answer (also bounded by the run's deadline).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Objects per list page: a page of slices is what memory holds at once.
+pub const PAGE_SIZE: u32 = 16;
 
-impl ApiError {
-    pub fn is_fatal(&self) -> bool {
-        !matches!(self, ApiError::Failed { .. })
-    }
-
-    /// The HTTP status the API server answered with, if it answered.
-    pub fn code(&self) -> Option<u16> {
-        match self {
-            ApiError::Forbidden { .. } => Some(403),
-            ApiError::Unauthorized { .. } => Some(401),
-            ApiError::PodNotFound { .. } => Some(404),
-            ApiError::Failed { code, .. } => *code,
-        }
-    }
-
-    fn is_watch(&self) -> bool {
-        matches!(self, ApiError::Failed { verb: "watch", .. } | ApiError::Forbidden { verb: "watch", .. })
-    }
-
-    fn classify(err: &kube::Error, verb: &'static str, resource: &str, scope: String) -> Self {
-        let resource = resource.to_string();
-        match err {
-            kube::Error::Api(status) if status.code == 403 => {
-                ApiError::Forbidden { verb, resource, scope, message: status.message.clone() }
-            }
-            kube::Error::Api(status) if status.code == 401 => {
-                ApiError::Unauthorized { verb, resource, message: status.message.clone() }
-            }
-            kube::Error::Api(status) => ApiError::Failed {
-                verb,
-                resource,
-                scope,
-                message: format!("HTTP {} {}: {}", status.code, status.reason, status.message),
-                code: Some(status.code),
-            },
-            other => ApiError::Failed { verb, resource, scope, message: error_chain(other), code: None },
-        }
-    }
-}
-
-/// An error and its causes on one line ("connection refused" is usually a cause).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-/// Why the engine stopped without a result.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Api(#[from] ApiError),
-    #[error("{0}")]
-    Permanent(String),
-    /// The deadline passed; the strings say what the API layer was still waiting for.
-    #[error("timed out")]
-    Timeout { waiting_for: Vec<String> },
-    #[error("{0}")]
-    Output(String),
-}
-
-/// Exponential retry delays: 200 ms doubling to 5 s, reset after a success.
-#[derive(Debug, Clone)]
-pub struct RetryBackoff {
-    next: Duration,
-}
-
-impl RetryBackoff {
-    const FIRST: Duration = Duration::from_millis(200);
-    const MAX: Duration = Duration::from_secs(5);
-}
-
-impl Default for RetryBackoff {
-    fn default() -> Self {
-        RetryBackoff { next: Self::FIRST }
-    }
-}
-
-impl Iterator for RetryBackoff {
-    type Item = Duration;
-    fn next(&mut self) -> Option<Duration> {
-        let now = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        Some(now)
-    }
-}
-
-impl Backoff for RetryBackoff {
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
-enum Update {
-    Event(Scope, Box<ScopeEvent>),
-    Error(Scope, ApiError),
-    /// A watch expired (410 Gone) and relists.
-    Expired(Scope),
-}
-
-/// Which pod to read.
-#[derive(Debug, Clone)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-/// Keeps a [`Store`] current from the API and hands each new resolution to a callback.
+/// Runs the actions' requests as tasks and queues their results as inputs.
 pub struct Engine {
     client: Client,
     pod: PodRef,
-    selection: Selection,
-    store: Store,
-    tx: mpsc::UnboundedSender<Update>,
-    rx: mpsc::UnboundedReceiver<Update>,
-    tasks: Vec<JoinHandle<()>>,
-    errors: BTreeMap<String, String>,
-    pod_backoff: RetryBackoff,
-    pod_fetch_at: Option<Instant>,
-    /// Set once the callback said `Ready`.
-    serving: bool,
+    tx: mpsc::UnboundedSender<Input>,
+    rx: mpsc::UnboundedReceiver<Input>,
+    tasks: HashMap<Scope, JoinHandle<()>>,
+    pod_task: Option<JoinHandle<()>>,
+    filter: watch::Sender<Option<DeviceFilter>>,
+    deadline: Option<Instant>,
     metrics: Option<Arc<Metrics>>,
+    page_size: u32,
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        for task in &self.tasks {
+        for task in self.tasks.values().chain(self.pod_task.iter()) {
             task.abort();
         }
     }
 }
 
-/// What the callback wants after seeing a resolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
-    /// Keep going; the deadline still applies.
-    Continue,
-    /// Keep going: what was asked for is there, so the deadline no longer applies
-    /// and API errors are no longer fatal (the last good tree keeps being served).
-    Ready,
-    Stop,
-}
-
 impl Engine {
-    pub fn new(client: Client, pod: PodRef, selection: Selection) -> Self {
+    pub fn new(client: Client, pod: PodRef, deadline: Option<Instant>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Engine {
             client,
             pod,
-            selection,
-            store: Store::default(),
             tx,
             rx,
-            tasks: Vec::new(),
-            errors: BTreeMap::new(),
-            pod_backoff: RetryBackoff::default(),
-            pod_fetch_at: Some(Instant::now()),
-            serving: false,
+            tasks: HashMap::new(),
+            pod_task: None,
+            filter: watch::Sender::new(None),
+            deadline,
             metrics: None,
+            page_size: PAGE_SIZE,
         }
     }
 
@@ -222,206 +85,71 @@ impl Engine {
         self
     }
 
-    /// The pod's uid, once fetched.
-    pub fn pod_uid(&self) -> Option<String> {
-        self.store.pod.as_ref().and_then(|p| p.metadata.uid.clone())
+    pub fn with_page_size(mut self, page_size: u32) -> Self {
+        self.page_size = page_size.max(1);
+        self
     }
 
-    fn count_error(&self, error: &ApiError) {
-        if let Some(m) = &self.metrics {
-            m.api_error(error.code());
-            if error.is_watch() {
-                m.watch_restarted();
-            }
-        }
+    /// The deadline no longer applies (the run was ready once).
+    pub fn clear_deadline(&mut self) {
+        self.deadline = None;
     }
 
-    /// Run until the callback says stop, `once` and a full first resolution, a fatal
-    /// error, or the deadline. Returns the last resolution handed out.
-    pub async fn run<F>(
-        &mut self,
-        mut deadline: Option<Instant>,
-        once: bool,
-        mut on_change: F,
-    ) -> Result<Resolution, EngineError>
-    where
-        F: FnMut(&Resolution) -> Result<Flow, EngineError>,
-    {
-        let mut last: Option<Resolution> = None;
-        loop {
-            if self.pod_fetch_at.is_some_and(|at| at <= Instant::now()) {
-                self.fetch_pod().await?;
-            }
-            if self.store.pod.is_some() && self.store.unsynced().is_empty() {
-                let res = resolve(&self.store.snapshot(), &self.selection);
-                if let Some(permanent) = res.missing.iter().find(|m| m.is_permanent()) {
-                    return Err(EngineError::Permanent(permanent.to_string()));
-                }
-                let new_drivers: Vec<Scope> = res
-                    .drivers_with_unpublished_devices()
-                    .into_iter()
-                    .map(Scope::DriverSlices)
-                    .filter(|s| !self.store.has_scope(s))
-                    .collect();
-                if new_drivers.is_empty() {
-                    if last.as_ref() != Some(&res) {
-                        for w in &res.warnings {
-                            if !last.as_ref().is_some_and(|l| l.warnings.contains(w)) {
-                                warn!("{w}");
-                            }
-                        }
-                        let flow = on_change(&res)?;
-                        last = Some(res.clone());
-                        match flow {
-                            Flow::Stop => return Ok(res),
-                            Flow::Ready => {
-                                self.serving = true;
-                                deadline = None;
-                            }
-                            Flow::Continue => {}
-                        }
+    pub fn execute(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::GetPod { after } => {
+                    if let Some(task) = self.pod_task.take() {
+                        task.abort();
                     }
-                    if once {
-                        return Ok(res);
-                    }
-                    if self.pod_fetch_at.is_none() && needs_pod_refresh(&res) {
-                        self.pod_fetch_at = Some(Instant::now() + self.pod_backoff.next().unwrap_or_default());
-                    }
-                } else {
-                    for scope in new_drivers {
-                        info!(%scope, "devices not on the node's slices; watching the driver's slices bound to no single node");
-                        self.start_watch(scope);
-                    }
+                    let (client, pod, tx, deadline) = (self.client.clone(), self.pod.clone(), self.tx.clone(), self.deadline);
+                    self.pod_task = Some(tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = tx.send(get_pod(&client, &pod, deadline).await);
+                    }));
                 }
-            }
-            let wake = match (deadline, self.pod_fetch_at) {
-                (Some(d), Some(p)) => Some(d.min(p)),
-                (d, p) => d.or(p),
-            };
-            tokio::select! {
-                update = self.rx.recv() => {
-                    if let Some(update) = update {
-                        self.apply(update)?;
-                    }
-                    while let Ok(update) = self.rx.try_recv() {
-                        self.apply(update)?;
-                    }
+                Action::List { scope, after } => {
+                    let task = tokio::spawn(list(self.context(scope.clone()), after));
+                    self.replace_task(scope, task);
                 }
-                _ = sleep_until_opt(wake) => {}
-            }
-            if deadline.is_some_and(|d| d <= Instant::now()) {
-                return Err(EngineError::Timeout { waiting_for: self.waiting_for() });
+                Action::Watch { scope, resource_version, after } => {
+                    let task = tokio::spawn(watch_scope(self.context(scope.clone()), resource_version, after));
+                    self.replace_task(scope, task);
+                }
+                Action::Filter(filter) => {
+                    self.filter.send_replace(Some(filter));
+                }
             }
         }
     }
 
-    /// What the API side is still waiting for, with the last error of each.
-    fn waiting_for(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.store.pod.is_none() {
-            let error = self.errors.get("pod").map(|e| format!(": {e}")).unwrap_or_default();
-            out.push(format!("pod {}/{} not fetched yet{error}", self.pod.namespace, self.pod.name));
+    fn replace_task(&mut self, scope: Scope, task: JoinHandle<()>) {
+        if let Some(old) = self.tasks.insert(scope, task) {
+            old.abort();
         }
-        for scope in self.store.unsynced() {
-            let key = scope.to_string();
-            let error = self.errors.get(&key).map(|e| format!(": {e}")).unwrap_or_default();
-            out.push(format!("{key} not listed yet{error}"));
-        }
-        out
     }
 
-    fn apply(&mut self, update: Update) -> Result<(), EngineError> {
-        match update {
-            Update::Event(scope, event) => {
-                self.errors.remove(&scope.to_string());
-                self.store.apply(&scope, *event);
-            }
-            Update::Expired(scope) => {
-                debug!(%scope, "watch expired (410 Gone); relisting");
-                if let Some(m) = &self.metrics {
-                    m.watch_restarted();
-                }
-            }
-            Update::Error(scope, error) => {
-                self.count_error(&error);
-                if error.is_fatal() && !self.serving {
-                    return Err(error.into());
-                }
-                let text = error.to_string();
-                if self.errors.get(&scope.to_string()) != Some(&text) {
-                    warn!(%scope, "{text}; retrying");
-                }
-                self.errors.insert(scope.to_string(), text);
-            }
+    fn context(&self, scope: Scope) -> ScopeContext {
+        ScopeContext {
+            client: self.client.clone(),
+            namespace: self.pod.namespace.clone(),
+            scope,
+            tx: self.tx.clone(),
+            filter: self.filter.subscribe(),
+            deadline: self.deadline,
+            metrics: self.metrics.clone(),
+            page_size: self.page_size,
         }
-        Ok(())
     }
 
-    async fn fetch_pod(&mut self) -> Result<(), EngineError> {
-        self.pod_fetch_at = None;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.pod.namespace);
-        match api.get(&self.pod.name).await {
-            Ok(pod) => {
-                debug!(pod = %self.pod.name, "fetched pod");
-                self.errors.remove("pod");
-                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
-                let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
-                self.store.pod = Some(pod);
-                for claim in claims {
-                    self.start_watch(Scope::Claim(claim));
-                }
-                if let Some(node) = node {
-                    self.start_watch(Scope::NodeSlices(node));
-                }
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 && !self.serving => {
-                return Err(ApiError::PodNotFound {
-                    namespace: self.pod.namespace.clone(),
-                    name: self.pod.name.clone(),
-                }
-                .into());
-            }
-            Err(e) => {
-                let error =
-                    ApiError::classify(&e, "get", "pods", format!(" ({}/{})", self.pod.namespace, self.pod.name));
-                self.count_error(&error);
-                if error.is_fatal() && !self.serving {
-                    return Err(error.into());
-                }
-                let text = error.to_string();
-                if self.errors.get("pod") != Some(&text) {
-                    warn!("{text}; retrying");
-                }
-                self.errors.insert("pod".into(), text);
-                self.pod_fetch_at = Some(Instant::now() + self.pod_backoff.next().unwrap_or_default());
-            }
+    /// The next input: a result of a request, or `Deadline` when it passes first.
+    pub async fn next(&mut self) -> Input {
+        let deadline = self.deadline;
+        tokio::select! {
+            input = self.rx.recv() => input.unwrap_or(Input::Deadline),
+            _ = sleep_until_opt(deadline) => Input::Deadline,
         }
-        Ok(())
     }
-
-    fn start_watch(&mut self, scope: Scope) {
-        if self.store.has_scope(&scope) {
-            return;
-        }
-        self.store.add_scope(scope.clone());
-        let config = watcher::Config::default().fields(&scope.field_selector());
-        let tx = self.tx.clone();
-        let task = match &scope {
-            Scope::Claim(_) => {
-                let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.pod.namespace);
-                tokio::spawn(forward(watcher(api, config), scope, tx, ScopeEvent::Claim))
-            }
-            _ => {
-                let api: Api<ResourceSlice> = Api::all(self.client.clone());
-                tokio::spawn(forward(watcher(api, config), scope, tx, ScopeEvent::Slice))
-            }
-        };
-        self.tasks.push(task);
-    }
-}
-
-fn needs_pod_refresh(res: &Resolution) -> bool {
-    res.missing.iter().any(|m| matches!(m, Missing::ClaimStatusPending { .. } | Missing::NotScheduled))
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -431,49 +159,289 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Pump one watcher into the engine's channel, with backoff between failures.
-async fn forward<K, S>(
-    stream: S,
+/// How long a request may take: [`REQUEST_TIMEOUT`], and never past the deadline.
+fn request_budget(deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT),
+        None => REQUEST_TIMEOUT,
+    }
+}
+
+fn timed_out(verb: &'static str, resource: &str, scope: String, budget: Duration) -> ApiError {
+    ApiError::Failed {
+        verb,
+        resource: resource.into(),
+        scope,
+        message: format!("no answer within {} ms (the API server is stalled or unreachable)", budget.as_millis()),
+        code: None,
+    }
+}
+
+async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> Input {
+    let scope = format!(" ({}/{})", pod.namespace, pod.name);
+    let url = format!("/api/v1/namespaces/{}/pods", pod.namespace);
+    let request = match Request::new(url).get(&pod.name, &Default::default()) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = e.to_string();
+            return Input::PodFailed(ApiError::Failed { verb: "get", resource: "pods".into(), scope, message, code: None });
+        }
+    };
+    let budget = request_budget(deadline);
+    match tokio::time::timeout(budget, client.request::<Pod>(request)).await {
+        Err(_) => Input::PodFailed(timed_out("get", "pods", scope, budget)),
+        Ok(Ok(p)) => {
+            debug!(pod = %pod.name, "fetched pod");
+            Input::Pod(Box::new(p))
+        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+            Input::PodFailed(ApiError::PodNotFound { namespace: pod.namespace.clone(), name: pod.name.clone() })
+        }
+        Ok(Err(e)) => Input::PodFailed(ApiError::classify(&e, "get", "pods", scope)),
+    }
+}
+
+/// What a list or watch task needs.
+struct ScopeContext {
+    client: Client,
+    namespace: String,
     scope: Scope,
-    tx: mpsc::UnboundedSender<Update>,
-    wrap: fn(watcher::Event<K>) -> ScopeEvent,
-) where
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-{
-    let mut stream = std::pin::pin!(StreamBackoff::new(stream, RetryBackoff::default()));
-    while let Some(item) = stream.next().await {
-        let update = match item {
-            Ok(event) => Update::Event(scope.clone(), Box::new(wrap(event))),
-            Err(e) => {
-                let selector = format!(" ({})", scope.field_selector());
-                let resource = scope.resource();
-                let error = match &e {
-                    watcher::Error::WatchError(status) if status.code == 410 => {
-                        if tx.send(Update::Expired(scope.clone())).is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                    watcher::Error::InitialListFailed(inner) => ApiError::classify(inner, "list", resource, selector),
-                    watcher::Error::WatchStartFailed(inner) | watcher::Error::WatchFailed(inner) => {
-                        ApiError::classify(inner, "watch", resource, selector)
-                    }
-                    watcher::Error::WatchError(status) => {
-                        ApiError::classify(&kube::Error::Api(status.clone()), "watch", resource, selector)
-                    }
-                    other => ApiError::Failed {
-                        verb: "watch",
-                        resource: resource.into(),
-                        scope: selector,
-                        message: error_chain(other),
-                        code: None,
-                    },
-                };
-                Update::Error(scope.clone(), error)
+    tx: mpsc::UnboundedSender<Input>,
+    filter: watch::Receiver<Option<DeviceFilter>>,
+    deadline: Option<Instant>,
+    metrics: Option<Arc<Metrics>>,
+    page_size: u32,
+}
+
+impl ScopeContext {
+    fn url(&self) -> String {
+        match &self.scope {
+            Scope::Claim(_) => format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", self.namespace),
+            _ => "/apis/resource.k8s.io/v1/resourceslices".to_string(),
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!(" ({})", self.scope.field_selector())
+    }
+
+    fn fail(&self, error: ApiError) {
+        if let Some(m) = &self.metrics {
+            m.api_error(error.code());
+            if error.is_watch() {
+                m.watch_restarted();
             }
+        }
+        let _ = self.tx.send(Input::Failed { scope: self.scope.clone(), error });
+    }
+
+    fn malformed(&self, verb: &'static str, e: impl std::fmt::Display) -> ApiError {
+        ApiError::Failed {
+            verb,
+            resource: self.scope.resource().into(),
+            scope: self.selector(),
+            message: format!("malformed answer: {e}"),
+            code: None,
+        }
+    }
+
+    /// The filter to decode slices with, waiting until the claims have told it.
+    async fn current_filter(&mut self) -> Option<DeviceFilter> {
+        match self.filter.wait_for(Option::is_some).await {
+            Ok(f) => f.clone(),
+            Err(_) => None,
+        }
+    }
+
+    fn decode(&self, raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<Item>, serde_json::Error> {
+        Ok(match self.scope {
+            Scope::Claim(_) => Some(Item::Claim(Box::new(serde_json::from_str::<ResourceClaim>(raw)?))),
+            _ => slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s))),
+        })
+    }
+}
+
+/// List a scope, page by page, and send it whole.
+async fn list(mut ctx: ScopeContext, after: Duration) {
+    tokio::time::sleep(after).await;
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    'restart: loop {
+        let mut items = Vec::new();
+        let mut continue_token: Option<String> = None;
+        let mut decoded_with: Option<DeviceFilter> = None;
+        loop {
+            let params = ListParams {
+                field_selector: Some(ctx.scope.field_selector()),
+                limit: Some(ctx.page_size),
+                continue_token: continue_token.clone(),
+                ..Default::default()
+            };
+            let request = match Request::new(ctx.url()).list(&params) {
+                Ok(r) => r,
+                Err(e) => return ctx.fail(ctx.malformed("list", e)),
+            };
+            let budget = request_budget(ctx.deadline);
+            let text = match tokio::time::timeout(budget, ctx.client.request_text(request)).await {
+                Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)),
+                Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())),
+                Ok(Ok(text)) => text,
+            };
+            let page: RawList = match serde_json::from_str(&text) {
+                Ok(p) => p,
+                Err(e) => return ctx.fail(ctx.malformed("list", e)),
+            };
+            let filter = if ctx.scope.is_slices() { ctx.current_filter().await.unwrap_or_default() } else { DeviceFilter::default() };
+            if ctx.scope.is_slices() {
+                match &decoded_with {
+                    Some(earlier) if *earlier != filter => continue 'restart,
+                    _ => decoded_with = Some(filter.clone()),
+                }
+            }
+            for raw in page.items {
+                match ctx.decode(raw.get(), &filter, node.as_deref()) {
+                    Ok(Some(item)) => items.push(item),
+                    Ok(None) => {}
+                    Err(e) => return ctx.fail(ctx.malformed("list", e)),
+                }
+            }
+            let resource_version = page.metadata.resource_version.unwrap_or_default();
+            continue_token = page.metadata.continue_token.filter(|t| !t.is_empty());
+            if continue_token.is_none() {
+                let scope = ctx.scope.clone();
+                let decoded_with = if scope.is_slices() { decoded_with } else { None };
+                let _ = ctx.tx.send(Input::Listed { scope, items, resource_version, decoded_with });
+                return;
+            }
+        }
+    }
+}
+
+/// Watch a scope from a resource version until the server closes the watch.
+async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duration) {
+    tokio::time::sleep(after).await;
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    let params = WatchParams {
+        field_selector: Some(ctx.scope.field_selector()),
+        timeout: Some(WATCH_SECONDS),
+        bookmarks: true,
+        ..Default::default()
+    };
+    let request = match Request::new(ctx.url()).watch(&params, &resource_version) {
+        Ok(r) => r,
+        Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+    };
+    let budget = request_budget(None);
+    let stream = match tokio::time::timeout(budget, ctx.client.request_stream(request)).await {
+        Err(_) => return ctx.fail(timed_out("watch", ctx.scope.resource(), ctx.selector(), budget)),
+        Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "watch", ctx.scope.resource(), ctx.selector())),
+        Ok(Ok(s)) => s,
+    };
+    let mut lines = std::pin::pin!(stream.lines());
+    loop {
+        let line = match tokio::time::timeout(WATCH_IDLE, lines.next()).await {
+            Err(_) => {
+                let message = format!("silent for {} s without closing; restarting it", WATCH_IDLE.as_secs());
+                let error = ApiError::Failed {
+                    verb: "watch",
+                    resource: ctx.scope.resource().into(),
+                    scope: ctx.selector(),
+                    message,
+                    code: None,
+                };
+                return ctx.fail(error);
+            }
+            Ok(None) => {
+                let _ = ctx.tx.send(Input::WatchEnded(ctx.scope.clone()));
+                return;
+            }
+            Ok(Some(Err(e))) => {
+                let error = ApiError::Failed {
+                    verb: "watch",
+                    resource: ctx.scope.resource().into(),
+                    scope: ctx.selector(),
+                    message: e.to_string(),
+                    code: None,
+                };
+                return ctx.fail(error);
+            }
+            Ok(Some(Ok(line))) => line,
         };
-        if tx.send(update).is_err() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let event: RawEvent = match serde_json::from_str(&line) {
+            Ok(e) => e,
+            Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+        };
+        let scope = ctx.scope.clone();
+        let input = match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let filter = ctx.filter.borrow().clone().unwrap_or_default();
+                match ctx.decode(event.object.get(), &filter, node.as_deref()) {
+                    Ok(Some(item)) => Input::Applied { scope, item },
+                    // A slice that no longer holds anything wanted: as if deleted.
+                    Ok(None) => match object_meta(event.object.get()) {
+                        Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
+                        None => continue,
+                    },
+                    Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+                }
+            }
+            "DELETED" => match object_meta(event.object.get()) {
+                Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
+                None => return ctx.fail(ctx.malformed("watch", "a DELETED event without a name")),
+            },
+            "BOOKMARK" => match object_meta(event.object.get()).and_then(|(_, rv)| rv) {
+                Some(resource_version) => Input::Bookmark { scope, resource_version },
+                None => continue,
+            },
+            "ERROR" => {
+                let status: kube::core::Status = match serde_json::from_str(event.object.get()) {
+                    Ok(s) => s,
+                    Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+                };
+                if status.code == 410 {
+                    debug!(%scope, "watch expired (410 Gone); relisting");
+                    if let Some(m) = &ctx.metrics {
+                        m.watch_restarted();
+                    }
+                    let _ = ctx.tx.send(Input::Expired(scope));
+                    return;
+                }
+                return ctx.fail(ApiError::classify(
+                    &kube::Error::Api(Box::new(status)),
+                    "watch",
+                    ctx.scope.resource(),
+                    ctx.selector(),
+                ));
+            }
+            _ => continue,
+        };
+        if ctx.tx.send(input).is_err() {
             return;
         }
     }
+}
+
+/// Name and resource version of an object, reading nothing else.
+fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default, rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Meta,
+    }
+    let object: Object = serde_json::from_str(raw).ok()?;
+    Some((object.metadata.name.unwrap_or_default(), object.metadata.resource_version))
 }

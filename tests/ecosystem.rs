@@ -188,6 +188,8 @@ fn metrics_and_health_endpoints() {
 
     // A failing API and an expired watch are counted.
     api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
+    // History moves past what drafs has seen (a change it does not watch), then is compacted.
+    api.apply(slice("elsewhere", "x.example.com", "p", 1, Some("other-node"), &[]));
     api.compact();
     wait_until("the 500 to be counted", LIMIT, || {
         http_get(&addr, "/metrics")

@@ -95,7 +95,7 @@ fn init_records_a_normal_event_the_api_server_accepts() {
     sc.create_all();
     let dir = sc.path("dra");
     let out = wait_output(
-        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s"])
+        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s", "--events=all"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
