@@ -562,3 +562,309 @@ fn phase_of(res: &Resolution) -> Phase {
 fn needs_pod_refresh(res: &Resolution) -> bool {
     res.missing.iter().any(|m| matches!(m, Missing::ClaimStatusPending { .. } | Missing::NotScheduled))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    use serde_json::json;
+
+    const NS: &str = "ns";
+
+    fn pod_ref() -> PodRef {
+        PodRef { namespace: NS.into(), name: "p".into() }
+    }
+
+    fn pod(claims: &[(&str, &str)], generated: &[(&str, &str)]) -> Input {
+        let spec: Vec<_> = claims
+            .iter()
+            .map(|(n, c)| match c.strip_prefix("template:") {
+                Some(t) => json!({"name": n, "resourceClaimTemplateName": t}),
+                None => json!({"name": n, "resourceClaimName": c}),
+            })
+            .collect();
+        let statuses: Vec<_> = generated.iter().map(|(n, c)| json!({"name": n, "resourceClaimName": c})).collect();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": NS, "uid": "u1"},
+            "spec": {"nodeName": "n1", "resourceClaims": spec, "containers": []},
+            "status": {"resourceClaimStatuses": statuses}}))
+        .unwrap();
+        Input::Pod(Box::new(pod))
+    }
+
+    fn claim(name: &str, devices: &[&str]) -> Item {
+        let mut c = json!({"metadata": {"name": name, "namespace": NS, "resourceVersion": "5"}, "spec": {}});
+        if !devices.is_empty() {
+            let results: Vec<_> = devices
+                .iter()
+                .map(|d| json!({"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": d}))
+                .collect();
+            c["status"] = json!({"allocation": {"devices": {"results": results}}});
+        }
+        Item::Claim(Box::new(serde_json::from_value::<ResourceClaim>(c).unwrap()))
+    }
+
+    fn slice(name: &str, node: Option<&str>, generation: i64, devices: &[(&str, &str)]) -> Item {
+        let devices: Vec<_> =
+            devices.iter().map(|(d, uuid)| json!({"name": d, "attributes": {"uuid": {"string": uuid}}})).collect();
+        let mut s = json!({"metadata": {"name": name, "resourceVersion": "9"},
+            "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": generation, "resourceSliceCount": 1},
+                "devices": devices}});
+        match node {
+            Some(n) => s["spec"]["nodeName"] = json!(n),
+            None => s["spec"]["allNodes"] = json!(true),
+        }
+        Item::Slice(Box::new(serde_json::from_value::<ResourceSlice>(s).unwrap()))
+    }
+
+    fn claim_scope(name: &str) -> Scope {
+        Scope::Claim(name.into())
+    }
+
+    fn node_scope() -> Scope {
+        Scope::NodeSlices("n1".into())
+    }
+
+    fn listed(scope: Scope, items: Vec<Item>, filter: Option<&DeviceFilter>) -> Input {
+        Input::Listed { scope, items, resource_version: "10".into(), decoded_with: filter.cloned() }
+    }
+
+    fn filter_of(step: &Step) -> Option<DeviceFilter> {
+        step.actions.iter().find_map(|a| match a {
+            Action::Filter(f) => Some(f.clone()),
+            _ => None,
+        })
+    }
+
+    fn lists(step: &Step) -> Vec<Scope> {
+        step.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::List { scope, .. } => Some(scope.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn watches(step: &Step) -> Vec<Scope> {
+        step.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Watch { scope, .. } => Some(scope.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn uuid(p: &Publication) -> String {
+        String::from_utf8(p.built.tree.get("gpu/gpu/0/uuid").unwrap_or_default().to_vec()).unwrap()
+    }
+
+    /// Pod, then its claim and the node's slices listed: the first reads.
+    fn first_reads(r: &mut Reconciler, devices: &[&str], slices: Vec<Item>) -> (Step, Step) {
+        assert_eq!(r.start().actions, vec![Action::GetPod { after: Duration::ZERO }]);
+        let step = r.handle(pod(&[("gpu", "c")], &[]));
+        assert_eq!(lists(&step), vec![claim_scope("c"), node_scope()], "claim and slices listed together");
+        assert_eq!(r.phase(), Phase::WaitingForClaims);
+        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", devices)], None));
+        let filter = filter_of(&claims).expect("the filter once the claims are listed");
+        let slices = r.handle(listed(node_scope(), slices, Some(&filter)));
+        (claims, slices)
+    }
+
+    #[test]
+    fn init_ready_from_the_first_reads_publishes_and_stops_without_a_watch() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        let (claims, step) = first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "U0"), ("g1", "U1")])]);
+        assert_eq!(filter_of(&claims).unwrap().len(), 1);
+        assert!(matches!(step.transition, Some(Transition::Ready { .. })), "{:?}", step.transition);
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "U0");
+        assert!(step.publish.as_ref().unwrap().built.tree.get("gpu/gpu/1/uuid").is_none());
+        assert!(matches!(step.done, Some(Ok(_))));
+        assert!(watches(&step).is_empty() && lists(&step).is_empty(), "{:?}", step.actions);
+        assert_eq!(r.phase(), Phase::Ready);
+        // Nothing after the end.
+        assert!(r.handle(Input::Deadline).done.is_none());
+    }
+
+    #[test]
+    fn init_watches_only_the_unallocated_claim_then_fetches_the_devices_again() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        let (_, step) = first_reads(&mut r, &[], vec![slice("s", Some("n1"), 1, &[("g0", "U0")])]);
+        assert!(step.done.is_none() && step.publish.is_none());
+        assert_eq!(watches(&step), vec![claim_scope("c")], "only the claim can bring what is missing");
+        assert!(matches!(&step.transition, Some(Transition::Waiting { missing }) if missing[0].contains("not allocated")));
+        assert_eq!(r.phase(), Phase::WaitingForClaims);
+        // The allocation arrives: the slices were kept without g0, so they are listed again.
+        let step = r.handle(Input::Applied { scope: claim_scope("c"), item: claim("c", &["g0"]) });
+        let filter = filter_of(&step).unwrap();
+        assert_eq!(lists(&step), vec![node_scope()]);
+        assert!(step.publish.is_none(), "no resolution from slices decoded without the device");
+        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "U0")])], Some(&filter)));
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "U0");
+        assert!(matches!(step.done, Some(Ok(_))));
+    }
+
+    #[test]
+    fn a_device_on_no_node_slice_lists_then_watches_its_drivers_unbound_slices() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        let (_, step) = first_reads(&mut r, &["g0"], vec![]);
+        let driver = Scope::DriverSlices("gpu.example.com".into());
+        assert_eq!(lists(&step), vec![driver.clone()]);
+        assert!(watches(&step).is_empty(), "first the unbound slices are listed");
+        let filter = r.filter.clone().unwrap();
+        let step = r.handle(listed(driver.clone(), vec![], Some(&filter)));
+        assert_eq!(watches(&step), vec![node_scope(), driver.clone()], "the claim is there: only slices are watched");
+        assert_eq!(r.phase(), Phase::WaitingForDevices);
+        let step = r.handle(Input::Applied { scope: driver, item: slice("shared", None, 1, &[("g0", "SHARED")]) });
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "SHARED");
+        assert!(matches!(step.done, Some(Ok(_))));
+    }
+
+    #[test]
+    fn serve_follows_every_scope_once_and_reports_each_transition() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        let (_, step) = first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        assert!(matches!(step.transition, Some(Transition::Ready { .. })));
+        assert!(step.done.is_none());
+        assert_eq!(watches(&step), vec![claim_scope("c"), node_scope()]);
+        // An update: published, and no second watch for the same scope.
+        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
+        assert_eq!(step.transition, Some(Transition::Updated));
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "B");
+        assert!(watches(&step).is_empty());
+        // The same again: nothing to publish.
+        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
+        assert!(step.publish.is_none() && step.transition.is_none());
+        // The slice goes: first the driver's unbound slices are looked at, then the values are lost.
+        let step = r.handle(Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) });
+        let driver = Scope::DriverSlices("gpu.example.com".into());
+        assert_eq!(lists(&step), vec![driver.clone()]);
+        assert!(step.transition.is_none());
+        let filter = r.filter.clone().unwrap();
+        let step = r.handle(listed(driver.clone(), vec![], Some(&filter)));
+        assert!(matches!(&step.transition, Some(Transition::Lost { missing }) if !missing.is_empty()));
+        assert_eq!(watches(&step), vec![driver], "the new scope is followed too");
+        assert_eq!(r.phase(), Phase::Degraded);
+        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 2, &[("g0", "C")]) });
+        assert_eq!(step.transition, Some(Transition::Recovered));
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "C");
+        // A watch that ends is resumed from the last version seen; an expired one is listed again.
+        let step = r.handle(Input::WatchEnded(node_scope()));
+        assert!(matches!(&step.actions[..], [Action::Watch { scope, resource_version, .. }] if *scope == node_scope() && resource_version == "9"));
+        let step = r.handle(Input::Expired(node_scope()));
+        assert_eq!(lists(&step), vec![node_scope()]);
+        assert!(watches(&step).is_empty(), "no watch while the relist runs");
+        // After ready, the deadline no longer applies.
+        assert!(r.handle(Input::Deadline).done.is_none());
+    }
+
+    #[test]
+    fn api_errors_end_a_run_only_while_not_ready() {
+        let forbidden = ApiError::Forbidden { verb: "list", resource: "resourceslices".into(), scope: String::new(), message: "no".into() };
+        let failed = ApiError::Failed { verb: "list", resource: "resourceslices".into(), scope: String::new(), message: "HTTP 500".into(), code: Some(500) };
+        // Before ready: 403 ends the run; 500 is retried with growing delays.
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        r.handle(pod(&[("gpu", "c")], &[]));
+        let step = r.handle(Input::Failed { scope: node_scope(), error: failed.clone() });
+        assert!(matches!(&step.actions[..], [Action::List { after, .. }] if *after == Duration::from_millis(200)));
+        assert_eq!(step.warnings.len(), 1);
+        let step = r.handle(Input::Failed { scope: node_scope(), error: failed.clone() });
+        assert!(matches!(&step.actions[..], [Action::List { after, .. }] if *after == Duration::from_millis(400)));
+        assert!(step.warnings.is_empty(), "the same warning is not repeated");
+        let waiting = r.waiting_for().join("; ");
+        assert!(waiting.contains("not listed yet: cannot list") || waiting.contains("HTTP 500"), "{waiting}");
+        let step = r.handle(Input::Failed { scope: node_scope(), error: forbidden.clone() });
+        assert!(matches!(step.done, Some(Err(EngineError::Api(ApiError::Forbidden { .. })))));
+        // After ready: the same 403 is retried and the last tree stays.
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        let step = r.handle(Input::Failed { scope: node_scope(), error: forbidden });
+        assert!(step.done.is_none() && step.publish.is_none());
+        assert_eq!(lists(&step), vec![node_scope()]);
+    }
+
+    #[test]
+    fn the_deadline_says_what_is_still_missing() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        let step = r.handle(Input::PodFailed(ApiError::Failed {
+            verb: "get",
+            resource: "pods".into(),
+            scope: " (ns/p)".into(),
+            message: "no answer within 3000 ms".into(),
+            code: None,
+        }));
+        assert!(matches!(step.actions[..], [Action::GetPod { .. }]));
+        let step = r.handle(Input::Deadline);
+        let Some(Err(EngineError::Timeout { waiting_for })) = step.done else { panic!("{:?}", step.done) };
+        assert_eq!(waiting_for.len(), 1);
+        assert!(waiting_for[0].contains("pod ns/p not fetched yet") && waiting_for[0].contains("no answer"), "{waiting_for:?}");
+
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &[], vec![]);
+        let Some(Err(EngineError::Timeout { waiting_for })) = r.handle(Input::Deadline).done else { panic!() };
+        assert!(waiting_for[0].contains("ResourceClaim c is not allocated yet"), "{waiting_for:?}");
+    }
+
+    #[test]
+    fn a_generated_claim_not_in_the_pod_status_refetches_the_pod() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        let step = r.handle(pod(&[("gpu", "template:t")], &[]));
+        assert_eq!(lists(&step), vec![node_scope()], "no claim to list yet");
+        let filter = filter_of(&step).unwrap();
+        let step = r.handle(listed(node_scope(), vec![], Some(&filter)));
+        assert!(matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO), "{:?}", step.actions);
+        assert_eq!(r.phase(), Phase::WaitingForClaims);
+        let step = r.handle(pod(&[("gpu", "template:t")], &[("gpu", "p-gpu-x")]));
+        assert_eq!(lists(&step), vec![claim_scope("p-gpu-x")]);
+    }
+
+    #[test]
+    fn a_claim_the_pod_does_not_have_ends_the_run_at_once() {
+        let sel = Selection { claims: vec!["nope".into()] };
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), sel, vec![]);
+        r.start();
+        let step = r.handle(pod(&[("gpu", "c")], &[]));
+        let step = if step.done.is_some() { step } else { r.handle(listed(node_scope(), vec![], None)) };
+        assert!(matches!(step.done, Some(Err(EngineError::Permanent(Missing::UnknownClaim { .. })))), "{:?}", step.done);
+    }
+
+    #[test]
+    fn objects_outside_a_scope_are_ignored_with_a_warning() {
+        let mut r = Reconciler::new(Mode::Once, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        r.handle(pod(&[("gpu", "c")], &[]));
+        // A server that ignored the selectors: another claim, and a claim of another namespace.
+        let mut foreign: ResourceClaim = match claim("c", &["g0"]) {
+            Item::Claim(c) => *c,
+            _ => unreachable!(),
+        };
+        foreign.metadata.namespace = Some("other".into());
+        let step = r.handle(listed(claim_scope("c"), vec![claim("x", &["g9"]), Item::Claim(Box::new(foreign))], None));
+        assert_eq!(step.warnings.len(), 2, "{:?}", step.warnings);
+        let filter = filter_of(&step).unwrap();
+        assert!(filter.is_empty(), "nothing of the foreign claims is wanted");
+        // Another node's slice on the node's watch is ignored too.
+        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n2"), 1, &[("g0", "X")])], Some(&filter)));
+        assert_eq!(step.warnings.len(), 1);
+        let Some(Ok(res)) = step.done else { panic!() };
+        assert!(res.missing.iter().any(|m| matches!(m, Missing::ClaimNotFound { .. })));
+    }
+
+    #[test]
+    fn once_mode_answers_after_the_lists_without_watching() {
+        let mut r = Reconciler::new(Mode::Once, pod_ref(), Selection::default(), vec![]);
+        let (_, step) = first_reads(&mut r, &["g0"], vec![]);
+        // A device is missing: the driver's unbound slices are listed first.
+        let driver = Scope::DriverSlices("gpu.example.com".into());
+        assert_eq!(lists(&step), vec![driver.clone()]);
+        let filter = r.filter.clone().unwrap();
+        let step = r.handle(listed(driver, vec![], Some(&filter)));
+        assert!(watches(&step).is_empty() && step.publish.is_none());
+        let Some(Ok(res)) = step.done else { panic!("{:?}", step.done) };
+        assert!(!res.is_complete());
+    }
+}
