@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use std::os::unix::process::CommandExt;
 
+use crate::api::{EngineError, PodRef, RetryBackoff};
 use crate::cli::{
     Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs,
     ServeArgs,
@@ -17,13 +18,12 @@ use crate::cli::{
 use crate::envvars;
 use crate::events::{self, Events, Note};
 use crate::files::AtomicDir;
+use crate::files::WriteError;
 use crate::fuse::FuseMount;
 use crate::inject;
 use crate::metadata::{self, Generations};
 use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
-use crate::api::{EngineError, PodRef, RetryBackoff};
-use crate::files::WriteError;
 use crate::reconcile::{Mode, Phase, Publication, Reconciler, Step, Transition};
 use crate::resolve::{Resolution, Selection, resolve};
 use crate::source::Engine;
@@ -239,7 +239,8 @@ impl Outputs {
     }
 
     fn report(&self, transition: Transition, files: usize, uid: Option<String>) {
-        let note = |warning: bool, reason: &'static str, message: String| Note { warning, reason, message, uid: uid.clone() };
+        let note =
+            |warning: bool, reason: &'static str, message: String| Note { warning, reason, message, uid: uid.clone() };
         match transition {
             Transition::Waiting { missing } => info!("waiting for: {}", missing.join("; ")),
             Transition::Ready { summary } => {
@@ -363,7 +364,12 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
         Ok(_) => Ok(()),
         Err(e) => {
             let failure = engine_failure(e, args.select.timeout);
-            let note = Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
+            let note = Note {
+                warning: true,
+                reason: events::NOT_READY,
+                message: failure.to_string(),
+                uid: reconciler.pod_uid(),
+            };
             outputs.events.record(note);
             Err(failure)
         }
@@ -412,7 +418,8 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
         Ok(_) => return Ok(()),
         Err(e) => engine_failure(e, args.select.timeout),
     };
-    let note = Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
+    let note =
+        Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
     outputs.events.record(note);
     outputs.events.finish().await;
     Err(failure)

@@ -47,24 +47,51 @@ pub enum Input {
     Pod(Box<Pod>),
     PodFailed(ApiError),
     /// A scope's complete list (all pages); slices were decoded with `decoded_with`.
-    Listed { scope: Scope, items: Vec<Item>, resource_version: String, decoded_with: Option<DeviceFilter> },
-    Applied { scope: Scope, item: Item },
-    Deleted { scope: Scope, name: String, resource_version: Option<String> },
-    Bookmark { scope: Scope, resource_version: String },
+    Listed {
+        scope: Scope,
+        items: Vec<Item>,
+        resource_version: String,
+        decoded_with: Option<DeviceFilter>,
+    },
+    Applied {
+        scope: Scope,
+        item: Item,
+    },
+    Deleted {
+        scope: Scope,
+        name: String,
+        resource_version: Option<String>,
+    },
+    Bookmark {
+        scope: Scope,
+        resource_version: String,
+    },
     /// The server closed a watch in the ordinary way (its timeout).
     WatchEnded(Scope),
     /// 410 Gone: the resource version is too old; list again.
     Expired(Scope),
-    Failed { scope: Scope, error: ApiError },
+    Failed {
+        scope: Scope,
+        error: ApiError,
+    },
     Deadline,
 }
 
 /// What the engine should do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    GetPod { after: Duration },
-    List { scope: Scope, after: Duration },
-    Watch { scope: Scope, resource_version: String, after: Duration },
+    GetPod {
+        after: Duration,
+    },
+    List {
+        scope: Scope,
+        after: Duration,
+    },
+    Watch {
+        scope: Scope,
+        resource_version: String,
+        after: Duration,
+    },
     /// Decode slices with this filter from now on.
     Filter(DeviceFilter),
 }
@@ -294,8 +321,11 @@ impl Reconciler {
                 Item::Slice(s) => scope.admits_slice(s),
             };
             if !admitted {
-                let warning =
-                    format!("ignoring {} {:?}: it does not match {scope} (the server ignored the selector?)", scope.resource(), item.name());
+                let warning = format!(
+                    "ignoring {} {:?}: it does not match {scope} (the server ignored the selector?)",
+                    scope.resource(),
+                    item.name()
+                );
                 step.warnings.extend(self.warn_once(warning));
                 continue;
             }
@@ -312,7 +342,12 @@ impl Reconciler {
     }
 
     fn node(&self) -> Option<String> {
-        self.store.pod.as_ref().and_then(|p| p.spec.as_ref()).and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty())
+        self.store
+            .pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty())
     }
 
     fn add_and_list(&mut self, scope: Scope, step: &mut Step) {
@@ -529,12 +564,17 @@ impl Reconciler {
     /// What the run is still waiting for, with the last error of each, for the timeout message.
     pub fn waiting_for(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let error = |key: &str| self.errors.get(key).map(|e| format!(": {e}")).unwrap_or_default();
+        let error = |key: &str, asking: bool| match self.errors.get(key) {
+            Some(e) => format!(": {e}"),
+            None if asking => ": no answer from the API server yet".into(),
+            None => String::new(),
+        };
         if self.store.pod.is_none() {
-            out.push(format!("pod {}/{} not fetched yet{}", self.pod_ref.namespace, self.pod_ref.name, error(POD_KEY)));
+            let pod = format!("pod {}/{}", self.pod_ref.namespace, self.pod_ref.name);
+            out.push(format!("{pod} not fetched yet{}", error(POD_KEY, self.pod_pending)));
         }
         for scope in self.store.unlisted() {
-            out.push(format!("{scope} not listed yet{}", error(&scope.to_string())));
+            out.push(format!("{scope} not listed yet{}", error(&scope.to_string(), self.listing.contains(&scope))));
         }
         if out.is_empty() {
             out.extend(self.last_missing.iter().cloned());
@@ -675,7 +715,8 @@ mod tests {
     #[test]
     fn init_ready_from_the_first_reads_publishes_and_stops_without_a_watch() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        let (claims, step) = first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "U0"), ("g1", "U1")])]);
+        let (claims, step) =
+            first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "U0"), ("g1", "U1")])]);
         assert_eq!(filter_of(&claims).unwrap().len(), 1);
         assert!(matches!(step.transition, Some(Transition::Ready { .. })), "{:?}", step.transition);
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "U0");
@@ -693,7 +734,9 @@ mod tests {
         let (_, step) = first_reads(&mut r, &[], vec![slice("s", Some("n1"), 1, &[("g0", "U0")])]);
         assert!(step.done.is_none() && step.publish.is_none());
         assert_eq!(watches(&step), vec![claim_scope("c")], "only the claim can bring what is missing");
-        assert!(matches!(&step.transition, Some(Transition::Waiting { missing }) if missing[0].contains("not allocated")));
+        assert!(
+            matches!(&step.transition, Some(Transition::Waiting { missing }) if missing[0].contains("not allocated"))
+        );
         assert_eq!(r.phase(), Phase::WaitingForClaims);
         // The allocation arrives: the slices were kept without g0, so they are listed again.
         let step = r.handle(Input::Applied { scope: claim_scope("c"), item: claim("c", &["g0"]) });
@@ -737,7 +780,8 @@ mod tests {
         let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
         assert!(step.publish.is_none() && step.transition.is_none());
         // The slice goes: first the driver's unbound slices are looked at, then the values are lost.
-        let step = r.handle(Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) });
+        let step =
+            r.handle(Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) });
         let driver = Scope::DriverSlices("gpu.example.com".into());
         assert_eq!(lists(&step), vec![driver.clone()]);
         assert!(step.transition.is_none());
@@ -751,7 +795,9 @@ mod tests {
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "C");
         // A watch that ends is resumed from the last version seen; an expired one is listed again.
         let step = r.handle(Input::WatchEnded(node_scope()));
-        assert!(matches!(&step.actions[..], [Action::Watch { scope, resource_version, .. }] if *scope == node_scope() && resource_version == "9"));
+        assert!(
+            matches!(&step.actions[..], [Action::Watch { scope, resource_version, .. }] if *scope == node_scope() && resource_version == "9")
+        );
         let step = r.handle(Input::Expired(node_scope()));
         assert_eq!(lists(&step), vec![node_scope()]);
         assert!(watches(&step).is_empty(), "no watch while the relist runs");
@@ -761,8 +807,19 @@ mod tests {
 
     #[test]
     fn api_errors_end_a_run_only_while_not_ready() {
-        let forbidden = ApiError::Forbidden { verb: "list", resource: "resourceslices".into(), scope: String::new(), message: "no".into() };
-        let failed = ApiError::Failed { verb: "list", resource: "resourceslices".into(), scope: String::new(), message: "HTTP 500".into(), code: Some(500) };
+        let forbidden = ApiError::Forbidden {
+            verb: "list",
+            resource: "resourceslices".into(),
+            scope: String::new(),
+            message: "no".into(),
+        };
+        let failed = ApiError::Failed {
+            verb: "list",
+            resource: "resourceslices".into(),
+            scope: String::new(),
+            message: "HTTP 500".into(),
+            code: Some(500),
+        };
         // Before ready: 403 ends the run; 500 is retried with growing delays.
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
         r.start();
@@ -800,7 +857,10 @@ mod tests {
         let step = r.handle(Input::Deadline);
         let Some(Err(EngineError::Timeout { waiting_for })) = step.done else { panic!("{:?}", step.done) };
         assert_eq!(waiting_for.len(), 1);
-        assert!(waiting_for[0].contains("pod ns/p not fetched yet") && waiting_for[0].contains("no answer"), "{waiting_for:?}");
+        assert!(
+            waiting_for[0].contains("pod ns/p not fetched yet") && waiting_for[0].contains("no answer"),
+            "{waiting_for:?}"
+        );
 
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
         first_reads(&mut r, &[], vec![]);
@@ -816,7 +876,11 @@ mod tests {
         assert_eq!(lists(&step), vec![node_scope()], "no claim to list yet");
         let filter = filter_of(&step).unwrap();
         let step = r.handle(listed(node_scope(), vec![], Some(&filter)));
-        assert!(matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO), "{:?}", step.actions);
+        assert!(
+            matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO),
+            "{:?}",
+            step.actions
+        );
         assert_eq!(r.phase(), Phase::WaitingForClaims);
         let step = r.handle(pod(&[("gpu", "template:t")], &[("gpu", "p-gpu-x")]));
         assert_eq!(lists(&step), vec![claim_scope("p-gpu-x")]);
@@ -829,7 +893,11 @@ mod tests {
         r.start();
         let step = r.handle(pod(&[("gpu", "c")], &[]));
         let step = if step.done.is_some() { step } else { r.handle(listed(node_scope(), vec![], None)) };
-        assert!(matches!(step.done, Some(Err(EngineError::Permanent(Missing::UnknownClaim { .. })))), "{:?}", step.done);
+        assert!(
+            matches!(step.done, Some(Err(EngineError::Permanent(Missing::UnknownClaim { .. })))),
+            "{:?}",
+            step.done
+        );
     }
 
     #[test]

@@ -112,7 +112,11 @@ struct DeviceName<'a> {
 }
 
 /// Decode one slice from its JSON text, parsing only the wanted devices.
-pub fn decode(raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<ResourceSlice>, serde_json::Error> {
+pub fn decode(
+    raw: &str,
+    filter: &DeviceFilter,
+    node: Option<&str>,
+) -> Result<Option<ResourceSlice>, serde_json::Error> {
     let RawSlice { mut metadata, spec } = serde_json::from_str(raw)?;
     let mut kept = ResourceSliceSpec {
         driver: spec.driver,

@@ -17,9 +17,9 @@ use std::time::Duration;
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Client;
 use kube::api::{ListParams, WatchParams};
 use kube::core::Request;
-use kube::Client;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -52,6 +52,7 @@ pub struct Engine {
     deadline: Option<Instant>,
     metrics: Option<Arc<Metrics>>,
     page_size: u32,
+    watch_idle: Duration,
 }
 
 impl Drop for Engine {
@@ -76,6 +77,7 @@ impl Engine {
             deadline,
             metrics: None,
             page_size: PAGE_SIZE,
+            watch_idle: WATCH_IDLE,
         }
     }
 
@@ -87,6 +89,12 @@ impl Engine {
 
     pub fn with_page_size(mut self, page_size: u32) -> Self {
         self.page_size = page_size.max(1);
+        self
+    }
+
+    /// How long a watch may stay silent before it is restarted (tests shorten it).
+    pub fn with_watch_idle(mut self, idle: Duration) -> Self {
+        self.watch_idle = idle;
         self
     }
 
@@ -102,7 +110,8 @@ impl Engine {
                     if let Some(task) = self.pod_task.take() {
                         task.abort();
                     }
-                    let (client, pod, tx, deadline) = (self.client.clone(), self.pod.clone(), self.tx.clone(), self.deadline);
+                    let (client, pod, tx, deadline) =
+                        (self.client.clone(), self.pod.clone(), self.tx.clone(), self.deadline);
                     self.pod_task = Some(tokio::spawn(async move {
                         tokio::time::sleep(after).await;
                         let _ = tx.send(get_pod(&client, &pod, deadline).await);
@@ -139,6 +148,7 @@ impl Engine {
             deadline: self.deadline,
             metrics: self.metrics.clone(),
             page_size: self.page_size,
+            watch_idle: self.watch_idle,
         }
     }
 
@@ -184,7 +194,13 @@ async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> In
         Ok(r) => r,
         Err(e) => {
             let message = e.to_string();
-            return Input::PodFailed(ApiError::Failed { verb: "get", resource: "pods".into(), scope, message, code: None });
+            return Input::PodFailed(ApiError::Failed {
+                verb: "get",
+                resource: "pods".into(),
+                scope,
+                message,
+                code: None,
+            });
         }
     };
     let budget = request_budget(deadline);
@@ -211,6 +227,7 @@ struct ScopeContext {
     deadline: Option<Instant>,
     metrics: Option<Arc<Metrics>>,
     page_size: u32,
+    watch_idle: Duration,
 }
 
 impl ScopeContext {
@@ -293,7 +310,11 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
                 Ok(p) => p,
                 Err(e) => return ctx.fail(ctx.malformed("list", e)),
             };
-            let filter = if ctx.scope.is_slices() { ctx.current_filter().await.unwrap_or_default() } else { DeviceFilter::default() };
+            let filter = if ctx.scope.is_slices() {
+                ctx.current_filter().await.unwrap_or_default()
+            } else {
+                DeviceFilter::default()
+            };
             if ctx.scope.is_slices() {
                 match &decoded_with {
                     Some(earlier) if *earlier != filter => continue 'restart,
@@ -344,9 +365,9 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
     };
     let mut lines = std::pin::pin!(stream.lines());
     loop {
-        let line = match tokio::time::timeout(WATCH_IDLE, lines.next()).await {
+        let line = match tokio::time::timeout(ctx.watch_idle, lines.next()).await {
             Err(_) => {
-                let message = format!("silent for {} s without closing; restarting it", WATCH_IDLE.as_secs());
+                let message = format!("silent for {} ms without closing; restarting it", ctx.watch_idle.as_millis());
                 let error = ApiError::Failed {
                     verb: "watch",
                     resource: ctx.scope.resource().into(),

@@ -243,7 +243,8 @@ fn waits_for_allocation_and_slices_published_after_start() {
     // Waiting was done by watching: the claim was listed once and then watched.
     // The node's slices are listed again once the allocation names the devices
     // to keep (drafs keeps of slices only the pod's devices).
-    let lists = |selector: &str| api.requests().iter().filter(|r| r.verb == "list" && r.field_selector == selector).count();
+    let lists =
+        |selector: &str| api.requests().iter().filter(|r| r.verb == "list" && r.field_selector == selector).count();
     assert_eq!(lists("metadata.name=late-claim"), 1, "{:?}", reads(&api));
     assert!((1..=2).contains(&lists("spec.nodeName=n1")), "{:?}", reads(&api));
 }
@@ -645,4 +646,24 @@ fn json_logs_are_one_object_per_line() {
     let last: Value = serde_json::from_str(stderr(&out).lines().last().unwrap()).unwrap();
     assert_eq!(last["level"], "ERROR");
     assert!(last["message"].as_str().unwrap().contains("pod ml/ghost not found"));
+}
+
+#[test]
+fn a_stalled_api_server_is_bounded_by_the_timeout_for_init_get_and_exec() {
+    // The server accepts the connection and never answers.
+    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    api.set_latency(Duration::from_secs(3600));
+    for args in [
+        vec!["init", "--dir", env.path("dra").to_str().unwrap(), "--timeout", "2s"],
+        vec!["get", "--timeout", "2s"],
+        vec!["exec", "--timeout", "2s", "--env", "U=gpu/gpu/0/uuid", "--", "true"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = env.run(&args, LIMIT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(started.elapsed() < Duration::from_secs(20), "{args:?} took {:?}", started.elapsed());
+        let err = stderr(&out);
+        assert!(err.contains("not ready after 2s") && err.contains("not fetched yet"), "{args:?}: {err}");
+        assert!(err.contains("no answer"), "{args:?}: {err}");
+    }
 }

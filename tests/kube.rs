@@ -121,7 +121,8 @@ fn init_waits_for_allocation_pod_status_and_slices_written_after_start() {
     sc.create_unallocated();
     let dir = sc.path("dra");
     let log = sc.path("init.log");
-    let child = spawn_logged(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"]), &log);
+    let child =
+        spawn_logged(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"]), &log);
     // Not scheduled yet as far as drafs can tell: the generated claim is not in the pod's status.
     wait_for_log(&log, "waiting for");
     // The scheduler allocates, the kubelet's claim status arrives; the driver has not published yet.
@@ -232,7 +233,10 @@ fn a_missing_rbac_verb_fails_at_once_with_the_403_message() {
     // The shipped RBAC without `list` on ResourceSlices.
     // (A ClusterRole of its own: the shared one is the shipped one.)
     let rbac = read("examples/rbac.yaml")
-        .replace("  resources: [resourceslices]\n  verbs: [list, watch]", "  resources: [resourceslices]\n  verbs: [watch]")
+        .replace(
+            "  resources: [resourceslices]\n  verbs: [list, watch]",
+            "  resources: [resourceslices]\n  verbs: [watch]",
+        )
         .replace("name: drafs-resourceslices\n", &format!("name: drafs-resourceslices-{}\n", sc.namespace));
     assert_eq!(rbac.matches(&sc.namespace).count(), 2, "{rbac}");
     sc.create_rbac(&rbac);
@@ -425,7 +429,9 @@ fn every_example_manifest_is_accepted_by_the_api_server() {
         for ns in namespaces {
             cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
             for sa in ["default", "drafs"] {
-                cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}}));
+                cp.ensure(
+                    &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}}),
+                );
             }
         }
         for doc in &docs {
@@ -440,7 +446,9 @@ fn every_example_manifest_is_accepted_by_the_api_server() {
             }
             checked += 1;
             // 409 AlreadyExists comes after validation and admission passed.
-            if let Err(e) = cp.dry_run_create(&object).or_else(|e| if e.starts_with("HTTP 409") { Ok(()) } else { Err(e) }) {
+            if let Err(e) =
+                cp.dry_run_create(&object).or_else(|e| if e.starts_with("HTTP 409") { Ok(()) } else { Err(e) })
+            {
                 failures.push(format!("{rel}: {} {}: {e}", doc["kind"], doc["metadata"]["name"]));
             }
         }

@@ -731,16 +731,61 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         }
         "list" => {
             let s = shared.state.lock().unwrap();
-            let items: Vec<Value> = s
+            // Paging as the real server does it: `limit`, and a `continue` token that
+            // carries the list's resource version and where the next page starts;
+            // a token older than the last compaction is 410 Gone.
+            let limit = params.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0);
+            let (list_rv, after) = match params.get("continue").filter(|c| !c.is_empty()) {
+                None => (s.rv, None),
+                Some(token) => match token.split_once('|').and_then(|(rv, key)| Some((rv.parse::<u64>().ok()?, key))) {
+                    Some((rv, _)) if rv < s.compacted => {
+                        return Ok(record(
+                            &shared,
+                            arrived,
+                            verb,
+                            route.res.name(),
+                            &path,
+                            &query,
+                            status_response(
+                                410,
+                                "Expired",
+                                "The provided continue parameter is too old to display a consistent list result.",
+                            ),
+                        ));
+                    }
+                    Some((rv, key)) => (rv, Some(key.to_string())),
+                    None => {
+                        return Ok(record(
+                            &shared,
+                            arrived,
+                            verb,
+                            route.res.name(),
+                            &path,
+                            &query,
+                            status_response(400, "BadRequest", "invalid continue token"),
+                        ));
+                    }
+                },
+            };
+            let matching: Vec<(String, &Value)> = s
                 .objects
                 .iter()
                 .filter(|((r, _, _), o)| *r == route.res && selected(o, route.namespace.as_deref(), &selector))
-                .map(|(_, o)| o.clone())
+                .map(|((_, ns, name), o)| (format!("{ns}/{name}"), o))
+                .filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
                 .collect();
+            let take = limit.unwrap_or(usize::MAX).min(matching.len());
+            let items: Vec<Value> = matching[..take].iter().map(|(_, o)| (*o).clone()).collect();
+            let more = take < matching.len();
+            let last_key = matching[..take].last().map(|(k, _)| k.clone()).unwrap_or_default();
+            let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+            if more {
+                metadata["continue"] = json!(format!("{list_rv}|{last_key}"));
+            }
             json_response(&json!({
                 "kind": format!("{}List", route.res.kind()),
                 "apiVersion": route.res.api_version(),
-                "metadata": {"resourceVersion": s.rv.to_string()},
+                "metadata": metadata,
                 "items": items,
             }))
         }

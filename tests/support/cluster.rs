@@ -65,12 +65,19 @@ impl<'a> Scenario<'a> {
                 d["metadata"]["namespace"] = json!(namespace);
             }
         }
-        let pod_name = docs.iter().find(|d| kind(d) == "Pod").unwrap()["metadata"]["name"].as_str().unwrap().to_string();
+        let pod_name =
+            docs.iter().find(|d| kind(d) == "Pod").unwrap()["metadata"]["name"].as_str().unwrap().to_string();
         Scenario::new(cp, namespace, pod_name, node, docs)
     }
 
     /// A scenario from objects built in the test.
-    pub fn new(cp: &'a ControlPlane, namespace: String, pod_name: String, node: String, docs: Vec<Value>) -> Scenario<'a> {
+    pub fn new(
+        cp: &'a ControlPlane,
+        namespace: String,
+        pod_name: String,
+        node: String,
+        docs: Vec<Value>,
+    ) -> Scenario<'a> {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("termination-log"), "").unwrap();
         Scenario { cp, namespace, pod_name, node, pod_uid: String::new(), docs, dir }

@@ -143,29 +143,33 @@ fn sweep_stale_scratch() {
 /// service-account signing key.
 fn make_certs(dir: &Path) -> Result<(), String> {
     let p = |f: &str| dir.join(f);
-    run(Command::new("openssl").args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]).args([
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=drafs-test-ca",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-        "-keyout",
-        p("ca.key").to_str().unwrap(),
-        "-out",
-        p("ca.crt").to_str().unwrap(),
-    ]))?;
-    run(Command::new("openssl").args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]).args([
-        "-subj",
-        "/CN=kube-apiserver",
-        "-keyout",
-        p("apiserver.key").to_str().unwrap(),
-        "-out",
-        p("apiserver.csr").to_str().unwrap(),
-    ]))?;
+    run(Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args([
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=drafs-test-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout",
+            p("ca.key").to_str().unwrap(),
+            "-out",
+            p("ca.crt").to_str().unwrap(),
+        ]))?;
+    run(Command::new("openssl")
+        .args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+        .args([
+            "-subj",
+            "/CN=kube-apiserver",
+            "-keyout",
+            p("apiserver.key").to_str().unwrap(),
+            "-out",
+            p("apiserver.csr").to_str().unwrap(),
+        ]))?;
     std::fs::write(
         p("apiserver.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
@@ -183,7 +187,9 @@ fn make_certs(dir: &Path) -> Result<(), String> {
         "-out",
         p("apiserver.crt").to_str().unwrap(),
     ]))?;
-    run(Command::new("openssl").args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"]).arg(p("sa.key")))?;
+    run(Command::new("openssl")
+        .args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"])
+        .arg(p("sa.key")))?;
     std::fs::write(p("tokens.csv"), format!("{ADMIN_TOKEN},drafs-test-admin,drafs-test-admin,\"system:masters\"\n"))
         .map_err(|e| e.to_string())
 }
@@ -227,11 +233,15 @@ impl ControlPlane {
         let port = free_port();
         std::fs::write(&kubeconfig, kubeconfig_text(port, &dir.join("ca.crt"), ADMIN_TOKEN, "default"))
             .map_err(|e| e.to_string())?;
-        let runtime =
-            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
         let client = runtime.block_on(async {
             let kc = kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| e.to_string())?;
-            let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.map_err(|e| e.to_string())?;
+            let config =
+                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.map_err(|e| e.to_string())?;
             kube::Client::try_from(config).map_err(|e| e.to_string())
         })?;
         let cp = ControlPlane {
@@ -360,7 +370,13 @@ impl ControlPlane {
     }
 
     /// One request as the cluster admin: (status, body).
-    pub fn raw(&self, method: &str, path: &str, body: Option<&Value>, content_type: &str) -> Result<(u16, String), String> {
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        content_type: &str,
+    ) -> Result<(u16, String), String> {
         let req = http::Request::builder()
             .method(method)
             .uri(path)
@@ -440,7 +456,8 @@ impl ControlPlane {
 
     /// A real bound service-account token (TokenRequest), bound to `pod` as the kubelet does.
     pub fn token(&self, namespace: &str, service_account: &str, pod: Option<(&str, &str)>) -> String {
-        let mut spec = json!({"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600});
+        let mut spec =
+            json!({"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600});
         if let Some((name, uid)) = pod {
             spec["boundObjectRef"] = json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
         }

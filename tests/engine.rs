@@ -1,0 +1,181 @@
+//! The I/O half in process: the engine and the reconciler against the test API
+//! server, without spawning the binary.
+
+mod support;
+
+use std::time::Duration;
+
+use drafs::api::{EngineError, PodRef};
+use drafs::reconcile::{Input, Mode, Reconciler, Step};
+use drafs::resolve::{Resolution, Selection};
+use drafs::source::Engine;
+use serde_json::json;
+use support::*;
+use tokio::time::Instant;
+
+async fn client(env: &Env) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// Carry out each step's actions and feed the engine's inputs back until done;
+/// every step is kept for the test to look at.
+async fn run(
+    engine: &mut Engine,
+    reconciler: &mut Reconciler,
+    steps: &mut Vec<Step>,
+) -> Result<Resolution, EngineError> {
+    let mut step = reconciler.start();
+    loop {
+        engine.execute(std::mem::take(&mut step.actions));
+        if let Some(done) = step.done.take() {
+            steps.push(step);
+            return done;
+        }
+        steps.push(step);
+        let input = engine.next().await;
+        step = reconciler.handle(input);
+    }
+}
+
+/// Run async test code on a runtime of its own (the test API server runs its own,
+/// so it is started before this one).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+fn pod_ref(ns: &str, name: &str) -> PodRef {
+    PodRef { namespace: ns.into(), name: name.into() }
+}
+
+/// `devices` devices on each of `slices` node-local slices of one pool.
+fn publish_node(api: &TestApi, slices: usize, devices: usize) {
+    for s in 0..slices {
+        let devices: Vec<(String, serde_json::Value)> =
+            (0..devices).map(|d| (format!("d{s}-{d}"), json!({"uuid": {"string": format!("U{s}-{d}")}}))).collect();
+        let refs: Vec<(&str, serde_json::Value)> = devices.iter().map(|(n, a)| (n.as_str(), a.clone())).collect();
+        let mut object = slice(&format!("n1-s{s}"), "gpu.example.com", "n1", 1, Some("n1"), &refs);
+        object["spec"]["pool"]["resourceSliceCount"] = json!(slices);
+        api.apply(object);
+    }
+}
+
+#[test]
+fn paged_lists_keep_only_the_pods_devices_and_init_needs_no_watch() {
+    let api = api_for("ml");
+    publish_node(&api, 5, 4);
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "d3-2")])));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+
+    block_on(async {
+        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), None).with_page_size(2);
+        let mut reconciler = Reconciler::new(Mode::UntilReady, pod_ref("ml", "p"), Selection::default(), vec![]);
+        let mut steps = Vec::new();
+        let res = run(&mut engine, &mut reconciler, &mut steps).await.unwrap();
+        let devices = &res.claims[0].devices;
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].device, "d3-2");
+        let published = steps.iter().find_map(|s| s.publish.as_ref()).expect("published");
+        assert_eq!(published.built.tree.get("gpu/gpu/0/uuid"), Some(&b"U3-2"[..]));
+
+        let requests = api.requests();
+        let slice_pages: Vec<_> = requests.iter().filter(|r| r.resource == "resourceslices").collect();
+        assert_eq!(slice_pages.len(), 3, "5 slices in pages of 2: {slice_pages:?}");
+        assert!(slice_pages.iter().all(|r| r.verb == "list" && r.query.contains("limit=2")));
+        assert!(slice_pages[1..].iter().all(|r| r.query.contains("continue=")));
+        assert!(requests.iter().all(|r| r.verb != "watch"), "ready from the first reads: no watch");
+        let reads: Vec<_> = requests.iter().map(|r| format!("{} {}", r.verb, r.resource)).collect();
+        assert_eq!(reads.iter().filter(|r| *r == "get pods").count(), 1);
+        assert_eq!(reads.iter().filter(|r| *r == "list resourceclaims").count(), 1);
+    })
+}
+
+#[test]
+fn serve_follows_with_one_watch_per_scope() {
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+
+    block_on(async {
+        let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None);
+        let mut reconciler =
+            Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
+        let mut step = reconciler.start();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut changed = false;
+        loop {
+            engine.execute(std::mem::take(&mut step.actions));
+            if let Some(p) = &step.publish {
+                let name = p.built.tree.get("nics/rdma/0/ifName").map(|v| String::from_utf8_lossy(v).into_owned());
+                if name.as_deref() == Some("ens9") {
+                    break;
+                }
+            }
+            let watching = reconciler.watching().count();
+            if !changed && watching == 2 {
+                // Both scopes are followed: change the NIC's slice.
+                let mut s = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
+                s["spec"]["devices"][1]["attributes"]["dra.net/ifName"] = json!({"string": "ens9"});
+                api.apply(s);
+                changed = true;
+            }
+            assert!(Instant::now() < deadline, "the change did not arrive");
+            step = tokio::time::timeout(Duration::from_secs(30), async { reconciler.handle(engine.next().await) })
+                .await
+                .unwrap();
+        }
+        let watches: Vec<String> =
+            api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect();
+        assert_eq!(watches.len(), 2, "one watch per scope: {watches:?}");
+    })
+}
+
+#[test]
+fn a_stalled_server_cannot_hold_a_run_past_its_deadline() {
+    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    api.set_latency(Duration::from_secs(3600));
+
+    block_on(async {
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(500);
+        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "trainer-0"), Some(deadline));
+        let mut reconciler =
+            Reconciler::new(Mode::UntilReady, pod_ref("ml", "trainer-0"), Selection::default(), vec![]);
+        let result =
+            tokio::time::timeout(Duration::from_secs(20), run(&mut engine, &mut reconciler, &mut Vec::new())).await;
+        let Ok(Err(EngineError::Timeout { waiting_for })) = result else { panic!("{result:?}") };
+        assert!(waiting_for[0].contains("pod ml/trainer-0 not fetched yet"), "{waiting_for:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    })
+}
+
+#[test]
+fn a_silent_watch_is_restarted() {
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    // No bookmarks and no changes: the watches stay silent.
+    api.set_bookmark_interval(Duration::from_secs(3600));
+
+    block_on(async {
+        let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None)
+            .with_watch_idle(Duration::from_millis(300));
+        let mut reconciler =
+            Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
+        let mut step = reconciler.start();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut restarts = Vec::new();
+        let slice_lists =
+            || api.requests().iter().filter(|r| r.verb == "list" && r.resource == "resourceslices").count();
+        // Until a silent watch was given up and its scope listed and watched again.
+        let watches = || api.requests().iter().filter(|r| r.verb == "watch").count();
+        while restarts.is_empty() || slice_lists() < 2 || watches() < 3 {
+            engine.execute(std::mem::take(&mut step.actions));
+            assert!(Instant::now() < deadline, "no restart of a silent watch: {restarts:?}");
+            let input = tokio::time::timeout(Duration::from_secs(30), engine.next()).await.unwrap();
+            if let Input::Failed { error, .. } = &input {
+                restarts.push(error.to_string());
+            }
+            step = reconciler.handle(input);
+        }
+        assert!(restarts.iter().all(|r| r.contains("silent for 300 ms")), "{restarts:?}");
+    })
+}
