@@ -37,8 +37,9 @@ pub const WATCH_SECONDS: u32 = 60;
 pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
 /// Longest wait for one request's answer (also bounded by the run's deadline).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Objects per list page: a page of slices is what memory holds at once.
-pub const PAGE_SIZE: u32 = 16;
+/// Objects per list page: a page of slices (at most 128 devices each) is what
+/// memory holds at once, so pages are small; more pages only cost round trips.
+pub const PAGE_SIZE: u32 = 4;
 
 /// Runs the actions' requests as tasks and queues their results as inputs.
 pub struct Engine {
@@ -301,12 +302,12 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
                 Err(e) => return ctx.fail(ctx.malformed("list", e)),
             };
             let budget = request_budget(ctx.deadline);
-            let text = match tokio::time::timeout(budget, ctx.client.request_text(request)).await {
+            let body = match tokio::time::timeout(budget, read_body(&ctx.client, request)).await {
                 Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)),
                 Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())),
-                Ok(Ok(text)) => text,
+                Ok(Ok(body)) => body,
             };
-            let page: RawList = match serde_json::from_str(&text) {
+            let page: RawList = match serde_json::from_slice(&body) {
                 Ok(p) => p,
                 Err(e) => return ctx.fail(ctx.malformed("list", e)),
             };
@@ -338,6 +339,15 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
             }
         }
     }
+}
+
+/// A response body read into one buffer (a page of slices is the largest thing
+/// drafs holds: it is not copied again).
+async fn read_body(client: &Client, request: http::Request<Vec<u8>>) -> Result<Vec<u8>, kube::Error> {
+    let mut reader = std::pin::pin!(client.request_stream(request).await?);
+    let mut body = Vec::new();
+    futures::AsyncReadExt::read_to_end(&mut reader, &mut body).await.map_err(kube::Error::ReadEvents)?;
+    Ok(body)
 }
 
 /// Watch a scope from a resource version until the server closes the watch.
