@@ -87,7 +87,7 @@ fn main() {
         ("1 GPU, template claim", "examples/gpu-training.yaml"),
         ("2 NICs with device status", "examples/rdma-network.yaml"),
     ] {
-        for extra in [&[][..], &["--events=false"][..]] {
+        for extra in [&[][..], &["--events=all"][..]] {
             // One warm-up run (first connection, caches), then the measured ones.
             run_once(cp, fixture, extra);
             let mut times = Vec::new();
