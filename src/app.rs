@@ -12,8 +12,8 @@ use std::os::unix::process::CommandExt;
 
 use crate::api::{EngineError, PodRef, RetryBackoff};
 use crate::cli::{
-    Backend, CopySelfArgs, ExecArgs, GetArgs, Global, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs,
-    ServeArgs,
+    Backend, CopySelfArgs, ExecArgs, GetArgs, InitArgs, InjectArgs, Output, OutputArgs, ProbeArgs, SelectArgs,
+    ServeArgs, SourceArgs,
 };
 use crate::envvars;
 use crate::events::{self, Events, Note};
@@ -21,6 +21,7 @@ use crate::files::AtomicDir;
 use crate::files::WriteError;
 use crate::fuse::FuseMount;
 use crate::inject;
+use crate::layout;
 use crate::metadata::{self, Generations};
 use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
@@ -56,14 +57,14 @@ fn selection(args: &SelectArgs) -> Selection {
 }
 
 /// Resolve from a file: no waiting, the file will not change.
-fn resolve_file(global: &Global, path: &Path, sel: &Selection) -> Result<Resolution, Failure> {
+fn resolve_file(source: &SourceArgs, path: &Path, sel: &Selection) -> Result<Resolution, Failure> {
     let objects = FileObjects::read(path).map_err(|e| Failure::Failed(e.to_string()))?;
     if !objects.ignored.is_empty() {
         info!(kinds = ?objects.ignored, "ignoring objects of other kinds in {}", path.display());
     }
     let shown = path.display().to_string();
     let snapshot =
-        objects.into_snapshot(&shown, global.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
+        objects.into_snapshot(&shown, source.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
     let res = resolve(&snapshot, sel);
     for w in &res.warnings {
         warn!("{w}");
@@ -71,20 +72,20 @@ fn resolve_file(global: &Global, path: &Path, sel: &Selection) -> Result<Resolut
     Ok(res)
 }
 
-async fn client_and_pod(global: &Global) -> Result<(kube::Client, PodRef), Failure> {
+async fn client_and_pod(source: &SourceArgs) -> Result<(kube::Client, PodRef), Failure> {
     let client = kube::Client::try_default().await.map_err(|e| {
         Failure::Usage(format!(
             "cannot find cluster credentials ({e}); run inside a pod with a service account, set KUBECONFIG, or use --from-file"
         ))
     })?;
-    let namespace = match &global.pod_namespace {
+    let namespace = match &source.pod_namespace {
         Some(ns) => ns.clone(),
         None => std::fs::read_to_string(SA_NAMESPACE_FILE)
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| client.default_namespace().to_string()),
     };
     let name =
-        global.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
+        source.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
             || {
                 Failure::Usage(
                     "cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into(),
@@ -325,8 +326,8 @@ async fn start_metrics(out: &OutputArgs) -> Result<Arc<Metrics>, Failure> {
     Ok(m)
 }
 
-pub async fn init(global: &Global, args: &InitArgs) -> Result<(), Failure> {
-    logged(&args.output, init_inner(global, args).await)
+pub async fn init(args: &InitArgs) -> Result<(), Failure> {
+    logged(&args.output, init_inner(args).await)
 }
 
 /// A failure's message also goes to the termination log, for `kubectl describe pod`.
@@ -337,13 +338,13 @@ fn logged(out: &OutputArgs, result: Result<(), Failure>) -> Result<(), Failure> 
     result
 }
 
-async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
+async fn init_inner(args: &InitArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
     let metrics = start_metrics(out).await?;
     let mut publisher = Publisher::new(TreeOutput::Files(AtomicDir::new(&out.dir)), out);
-    if let Some(path) = &global.from_file {
-        let res = resolve_file(global, path, &sel)?;
+    if let Some(path) = &args.source.from_file {
+        let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
         if !built.is_ready() {
             return Err(Failure::Failed(format!("not ready: {}", built.missing.join("; "))));
@@ -352,7 +353,7 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
         info!(dir = %out.dir.display(), files = built.tree.len(), "tree written");
         return Ok(());
     }
-    let (client, pod) = client_and_pod(global).await?;
+    let (client, pod) = client_and_pod(&args.source).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), "resolving");
     let events = Events::start(client.clone(), pod.clone(), out.events);
     let mut outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
@@ -379,11 +380,11 @@ async fn init_inner(global: &Global, args: &InitArgs) -> Result<(), Failure> {
 }
 
 /// Serve until stopped; fails only if not ready by the deadline (or at start-up).
-pub async fn serve(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
-    logged(&args.output, serve_inner(global, args).await)
+pub async fn serve(args: &ServeArgs) -> Result<(), Failure> {
+    logged(&args.output, serve_inner(args).await)
 }
 
-async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
+async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
     let metrics = start_metrics(out).await?;
@@ -394,8 +395,8 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
         Backend::Files => TreeOutput::Files(AtomicDir::new(&out.dir)),
     };
     let mut publisher = Publisher::new(tree_output, out);
-    if let Some(path) = &global.from_file {
-        let res = resolve_file(global, path, &sel)?;
+    if let Some(path) = &args.source.from_file {
+        let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
         publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
         metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
@@ -405,7 +406,7 @@ async fn serve_inner(global: &Global, args: &ServeArgs) -> Result<(), Failure> {
         info!(dir = %out.dir.display(), files = built.tree.len(), ready = built.is_ready(), "serving a file's resolution until stopped");
         return std::future::pending().await;
     }
-    let (client, pod) = client_and_pod(global).await?;
+    let (client, pod) = client_and_pod(&args.source).await?;
     info!(pod = %format!("{}/{}", pod.namespace, pod.name), backend = ?args.backend, "resolving");
     let events = Events::start(client.clone(), pod.clone(), out.events);
     let mut outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
@@ -431,11 +432,11 @@ pub fn probe(args: &ProbeArgs) -> Result<(), Failure> {
     if crate::fuse::is_stale_mount(dir) {
         return Err(Failure::Failed(format!("{} is a stale FUSE mount (its server is gone)", dir.display())));
     }
-    if dir.join(".ready").exists() {
+    if dir.join(layout::READY).exists() {
         println!("ready");
         return Ok(());
     }
-    let reason = match std::fs::read(dir.join(".json")) {
+    let reason = match std::fs::read(dir.join(layout::RECORD)) {
         Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
             .and_then(|v| {
@@ -457,12 +458,12 @@ fn write_termination_log(path: &Path, message: &str) {
 }
 
 /// Resolve once, from the file or the API, without waiting for what is missing.
-async fn resolve_once(global: &Global, select: &SelectArgs) -> Result<Resolution, Failure> {
+async fn resolve_once(source: &SourceArgs, select: &SelectArgs) -> Result<Resolution, Failure> {
     let sel = selection(select);
-    match &global.from_file {
-        Some(path) => resolve_file(global, path, &sel),
+    match &source.from_file {
+        Some(path) => resolve_file(source, path, &sel),
         None => {
-            let (client, pod) = client_and_pod(global).await?;
+            let (client, pod) = client_and_pod(source).await?;
             let mut engine = Engine::new(client, pod.clone(), deadline(select.timeout));
             let mut reconciler = Reconciler::new(Mode::Once, pod, sel, Vec::new());
             drive(&mut engine, &mut reconciler, None, true).await.map_err(|e| engine_failure(e, select.timeout))
@@ -470,12 +471,12 @@ async fn resolve_once(global: &Global, select: &SelectArgs) -> Result<Resolution
     }
 }
 
-pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
-    let res = resolve_once(global, &args.select).await?;
+pub async fn get(args: &GetArgs) -> Result<(), Failure> {
+    let res = resolve_once(&args.source, &args.select).await?;
     let built = tree::build(&res, &[]);
     let mut out = std::io::stdout().lock();
     let printed = match args.output {
-        Output::Json => out.write_all(built.tree.get(".json").unwrap_or_default()).and_then(|_| writeln!(out)),
+        Output::Json => out.write_all(built.tree.get(layout::RECORD).unwrap_or_default()).and_then(|_| writeln!(out)),
         Output::Table => out.write_all(table(&res).as_bytes()),
         Output::Tree => out.write_all(tree_listing(&built).as_bytes()),
     };
@@ -489,11 +490,11 @@ pub async fn get(global: &Global, args: &GetArgs) -> Result<(), Failure> {
 }
 
 /// `exec`: set the variables and replace this process with the command.
-pub async fn exec(global: &Global, args: &ExecArgs) -> Result<(), Failure> {
+pub async fn exec(args: &ExecArgs) -> Result<(), Failure> {
     let vars = match &args.from_dir {
         Some(dir) => envvars::values(&args.env, &envvars::DirSource(dir.clone()), args.optional),
         None => {
-            let res = resolve_once(global, &args.select).await?;
+            let res = resolve_once(&args.source, &args.select).await?;
             envvars::values(&args.env, &tree::build(&res, &[]).tree, args.optional)
         }
     }
@@ -544,7 +545,7 @@ pub fn copy_self(args: &CopySelfArgs) -> Result<(), Failure> {
 pub fn tree_listing(built: &BuiltTree) -> String {
     let mut text = String::new();
     for (path, content) in built.tree.files() {
-        let shown = if path.ends_with(".json") {
+        let shown = if path.ends_with(layout::RECORD) {
             format!("({} bytes of JSON)", content.len())
         } else {
             String::from_utf8_lossy(content).into_owned()

@@ -21,18 +21,24 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct Global {
-    /// Name of the pod to resolve (set it from the downward API: metadata.name). Default: $HOSTNAME.
-    #[arg(long, env = "POD_NAME", global = true)]
-    pub pod_name: Option<String>,
-    /// Namespace of the pod (downward API: metadata.namespace). Default: the service account's namespace.
-    #[arg(long, env = "POD_NAMESPACE", global = true)]
-    pub pod_namespace: Option<String>,
-    /// Read the Pod, ResourceClaims and ResourceSlices from this YAML/JSON file instead of the API.
-    #[arg(long, env = "DRAFS_FROM_FILE", global = true, value_name = "FILE")]
-    pub from_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "DRAFS_LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// Which pod, and where its objects come from (for the commands that resolve).
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Name of the pod to resolve (set it from the downward API: metadata.name). Default: $HOSTNAME.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Namespace of the pod (downward API: metadata.namespace). Default: the service account's
+    /// namespace in a pod, the kubeconfig context's elsewhere.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Read the Pod, ResourceClaims and ResourceSlices from this YAML/JSON file instead of the API.
+    #[arg(long, env = "DRAFS_FROM_FILE", value_name = "FILE")]
+    pub from_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,6 +93,8 @@ pub struct ExecArgs {
     pub optional: bool,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -132,6 +140,8 @@ pub struct ServeArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 /// Which Events drafs records.
@@ -174,6 +184,8 @@ pub struct InitArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Args)]
@@ -183,6 +195,8 @@ pub struct GetArgs {
     pub output: Output,
     #[command(flatten)]
     pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -282,5 +296,12 @@ mod tests {
         assert_eq!(args.select.claims, vec!["gpu"]);
         assert_eq!(args.select.timeout, Duration::from_secs(10));
         assert!(Cli::try_parse_from(["drafs", "init", "--require", "../x"]).is_err());
+        // Flags are declared only where they mean something.
+        assert!(Cli::try_parse_from(["drafs", "probe", "--from-file", "x.yaml"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "inject", "--pod-name", "p"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "unmount", "--pod-namespace", "ns"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "copy-self", "--to", "/x", "--from-file", "f"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "get", "--from-file", "f", "--pod-name", "p"]).is_ok());
+        assert!(Cli::try_parse_from(["drafs", "probe", "--log-format", "json"]).is_ok());
     }
 }

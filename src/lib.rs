@@ -9,6 +9,7 @@ pub mod files;
 pub mod fsmodel;
 pub mod fuse;
 pub mod inject;
+pub mod layout;
 pub mod metadata;
 pub mod metrics;
 pub mod names;

@@ -41,15 +41,15 @@ fn main() {
     let outcome: Result<(), Failure> = runtime.block_on(async {
         let work = async {
             match &cli.command {
-                Command::Init(args) => app::init(&cli.global, args).await,
-                Command::Serve(args) => app::serve(&cli.global, args).await,
+                Command::Init(args) => app::init(args).await,
+                Command::Serve(args) => app::serve(args).await,
                 Command::Probe(args) => app::probe(args),
                 Command::Unmount(args) => {
                     drafs::fuse::unmount(&args.dir);
                     Ok(())
                 }
-                Command::Get(args) => app::get(&cli.global, args).await,
-                Command::Exec(args) => app::exec(&cli.global, args).await,
+                Command::Get(args) => app::get(args).await,
+                Command::Exec(args) => app::exec(args).await,
                 Command::CopySelf(args) => app::copy_self(args),
                 Command::Inject(args) => app::inject(args),
             }

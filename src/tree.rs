@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use crate::layout;
 use crate::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
@@ -144,13 +145,13 @@ pub enum EntryKind {
 pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String)> {
     use EntryKind::*;
     let mut out = vec![
-        (".driver".to_string(), Identity, device.driver.clone()),
-        (".pool".to_string(), Identity, device.pool.clone()),
-        (".device".to_string(), Identity, device.device.clone()),
-        (".request".to_string(), Identity, device.full_request.clone()),
+        (layout::DRIVER.to_string(), Identity, device.driver.clone()),
+        (layout::POOL.to_string(), Identity, device.pool.clone()),
+        (layout::DEVICE.to_string(), Identity, device.device.clone()),
+        (layout::REQUEST.to_string(), Identity, device.full_request.clone()),
     ];
     if let Some(share) = &device.share_id {
-        out.push((".shareID".to_string(), Identity, share.clone()));
+        out.push((layout::SHARE_ID.to_string(), Identity, share.clone()));
     }
     for (name, attr) in &device.attributes {
         out.push((name.to_string(), Attribute, attr.value.to_text()));
@@ -159,23 +160,23 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
         }
     }
     for (name, quantity) in &device.capacity {
-        out.push((format!(".capacity/{name}"), Capacity, quantity.clone()));
+        out.push((format!("{}/{name}", layout::CAPACITY_DIR), Capacity, quantity.clone()));
     }
     if let Some(status) = &device.status {
         if let Some(v) = &status.interface_name {
-            out.push((".status/interfaceName".into(), Status, v.clone()));
+            out.push((layout::STATUS_INTERFACE_NAME.into(), Status, v.clone()));
         }
         if !status.ips.is_empty() {
-            out.push((".status/ips".into(), Status, status.ips.join(",")));
+            out.push((layout::STATUS_IPS.into(), Status, status.ips.join(",")));
         }
         if let Some(v) = &status.hardware_address {
-            out.push((".status/hardwareAddress".into(), Status, v.clone()));
+            out.push((layout::STATUS_HARDWARE_ADDRESS.into(), Status, v.clone()));
         }
         if let Some(v) = &status.data {
-            out.push((".status/data".into(), Status, v.to_string()));
+            out.push((layout::STATUS_DATA.into(), Status, v.to_string()));
         }
     }
-    out.push((".json".into(), Record, device_record(device).to_string()));
+    out.push((layout::RECORD.into(), Record, device_record(device).to_string()));
     out
 }
 
@@ -260,9 +261,9 @@ pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
     });
     let whole = serde_json::to_string_pretty(&whole).unwrap_or_default();
     // Reserved top-level names never clash: claim names are DNS labels.
-    let _ = built.tree.insert(".json", whole);
+    let _ = built.tree.insert(layout::RECORD, whole);
     if built.missing.is_empty() {
-        let _ = built.tree.insert(".ready", "");
+        let _ = built.tree.insert(layout::READY, "");
     }
     built
 }
