@@ -72,6 +72,14 @@ fn resolve_file(source: &SourceArgs, path: &Path, sel: &Selection) -> Result<Res
     Ok(res)
 }
 
+/// Warnings of laying out the tree (entries dropped on a path conflict) that the
+/// resolver's own warnings, logged already, do not include.
+fn log_tree_warnings(res: &Resolution, built: &BuiltTree) {
+    for w in built.warnings.iter().filter(|w| !res.warnings.contains(w)) {
+        warn!("{w}");
+    }
+}
+
 async fn client_and_pod(source: &SourceArgs) -> Result<(kube::Client, PodRef), Failure> {
     let client = kube::Client::try_default().await.map_err(|e| {
         Failure::Usage(format!(
@@ -346,6 +354,7 @@ async fn init_inner(args: &InitArgs) -> Result<(), Failure> {
     if let Some(path) = &args.source.from_file {
         let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
+        log_tree_warnings(&res, &built);
         if !built.is_ready() {
             return Err(Failure::Failed(format!("not ready: {}", built.missing.join("; "))));
         }
@@ -398,6 +407,7 @@ async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
     if let Some(path) = &args.source.from_file {
         let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
+        log_tree_warnings(&res, &built);
         publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
         metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
         if !built.is_ready() {
@@ -474,6 +484,9 @@ async fn resolve_once(source: &SourceArgs, select: &SelectArgs) -> Result<Resolu
 pub async fn get(args: &GetArgs) -> Result<(), Failure> {
     let res = resolve_once(&args.source, &args.select).await?;
     let built = tree::build(&res, &[]);
+    if args.source.from_file.is_some() {
+        log_tree_warnings(&res, &built);
+    }
     let mut out = std::io::stdout().lock();
     let printed = match args.output {
         Output::Json => out.write_all(built.tree.get(layout::RECORD).unwrap_or_default()).and_then(|_| writeln!(out)),
