@@ -314,3 +314,29 @@ fn fuse_without_privileges_fails_clearly() {
     assert!(stderr(&out).contains("cannot mount FUSE") && stderr(&out).contains("--backend files"), "{}", stderr(&out));
     assert!(!is_mounted(&dir));
 }
+
+#[test]
+fn ordinary_readers_do_not_flood_the_log_and_ioctl_is_enotty() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    // Python's open() asks whether the file is a terminal (an ioctl) on every open.
+    let script = "import sys, fcntl, termios, errno\n\
+        p = sys.argv[1]\n\
+        for _ in range(200):\n    open(p).read()\n\
+        f = open(p)\n\
+        try:\n    fcntl.ioctl(f, termios.TCGETS, bytes(64)); print('no error')\n\
+        except OSError as e:\n    print(errno.errorcode[e.errno])\n";
+    let out = std::process::Command::new("python3").args(["-c", script]).arg(mnt.join(NIC0_IFNAME)).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ENOTTY");
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    let log = stderr(&out);
+    assert!(!log.contains("Not Implemented"), "{log}");
+    assert!(log.lines().count() < 50, "{} log lines for 200 reads:\n{log}", log.lines().count());
+}
