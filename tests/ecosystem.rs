@@ -201,3 +201,35 @@ fn metrics_and_health_endpoints() {
     });
     assert_eq!(http_get(&addr, "/nope").unwrap().0, 404);
 }
+
+#[test]
+fn copy_self_never_writes_through_a_planted_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let to = tmp.path().join("bin");
+    std::fs::create_dir(&to).unwrap();
+    let victim = tmp.path().join("secret");
+    std::fs::write(&victim, "do not touch").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Links planted where a temp file or the target could be written.
+    for name in [".drafs.tmp", "drafs.tmp", ".drafs"] {
+        std::os::unix::fs::symlink(&victim, to.join(name)).unwrap();
+    }
+    let out = std::process::Command::new(drafs_bin()).args(["copy-self", "--to"]).arg(&to).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not touch");
+    assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o600);
+    let copied = std::fs::symlink_metadata(to.join("drafs")).unwrap();
+    assert!(copied.is_file() && copied.permissions().mode() & 0o777 == 0o755);
+    // A link at the destination itself is replaced, not written through.
+    std::fs::remove_file(to.join("drafs")).unwrap();
+    std::os::unix::fs::symlink(&victim, to.join("drafs")).unwrap();
+    let out = std::process::Command::new(drafs_bin()).args(["copy-self", "--to"]).arg(&to).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not touch");
+    assert!(std::fs::symlink_metadata(to.join("drafs")).unwrap().is_file());
+    // Nothing left behind but the binary and the planted links.
+    let names: std::collections::BTreeSet<String> =
+        std::fs::read_dir(&to).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, [".drafs", ".drafs.tmp", "drafs", "drafs.tmp"].iter().map(|s| s.to_string()).collect());
+}
