@@ -578,6 +578,15 @@ pub fn copy_self(args: &CopySelfArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Text safe for a terminal: control characters (escape sequences, newlines)
+/// in values a driver or a claim wrote are shown escaped, never sent raw.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 /// Every file of the tree and its content; JSON records are summarized.
 pub fn tree_listing(built: &BuiltTree) -> String {
     let mut text = String::new();
@@ -585,9 +594,9 @@ pub fn tree_listing(built: &BuiltTree) -> String {
         let shown = if path.ends_with(layout::RECORD) {
             format!("({} bytes of JSON)", content.len())
         } else {
-            String::from_utf8_lossy(content).into_owned()
+            printable(&String::from_utf8_lossy(content))
         };
-        text.push_str(&format!("{path}  {shown}\n"));
+        text.push_str(&format!("{}  {shown}\n", printable(path)));
     }
     text
 }
@@ -600,15 +609,16 @@ pub fn table(res: &Resolution) -> String {
         for device in &claim.devices {
             for (name, kind, value) in tree::device_entries(device) {
                 if matches!(kind, EntryKind::Attribute | EntryKind::Capacity | EntryKind::Status) {
-                    rows.push(vec![
-                        claim.pod_claim.clone(),
-                        device.full_request.clone(),
-                        device.index.to_string(),
-                        device.driver.clone(),
-                        device.device.clone(),
-                        name,
-                        value,
-                    ]);
+                    let row = [
+                        claim.pod_claim.as_str(),
+                        device.full_request.as_str(),
+                        &device.index.to_string(),
+                        device.driver.as_str(),
+                        device.device.as_str(),
+                        &name,
+                        &value,
+                    ];
+                    rows.push(row.iter().map(|cell| printable(cell)).collect());
                 }
             }
         }

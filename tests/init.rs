@@ -667,3 +667,25 @@ fn a_stalled_api_server_is_bounded_by_the_timeout_for_init_get_and_exec() {
         assert!(err.contains("no answer"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn get_escapes_control_characters_for_terminals() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    let hostile = "red\u{1b}[31mALERT\u{1b}[0m\nfake-row\r\u{7}";
+    api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": hostile}}))]));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    for format in ["table", "tree"] {
+        let out = env.run(&["get", "-o", format], LIMIT);
+        assert_ok(&out);
+        let text = stdout(&out);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{format}: {text:?}");
+        assert!(text.contains("red\\u{1b}[31mALERT\\u{1b}[0m\\nfake-row\\r\\u{7}"), "{format}: {text}");
+        assert!(!text.lines().any(|l| l.starts_with("fake-row")), "{format}: a value cannot start a line");
+    }
+    // The file itself holds the exact value.
+    let dir = env.path("dra");
+    assert_ok(&init(&env, &[]));
+    assert_eq!(std::fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), hostile);
+}
