@@ -3,8 +3,10 @@
 //! The layout is the kubelet's for downward API and ConfigMap volumes: the payload
 //! goes into a fresh hidden directory `..<stamp>`, the `..data` symlink is swapped
 //! to it with one `rename`, and every top-level entry is a symlink through `..data`.
-//! A reader therefore sees the old tree or the new one, never a mix, and payloads
-//! left by earlier writes (or an earlier, killed process) are removed.
+//! A reader therefore sees the old tree or the new one, never a mix. Payloads
+//! left by earlier writes (or an earlier, killed process) are removed, but only
+//! those drafs can prove are its own (its name pattern and a marker file inside):
+//! anything else in the directory is never deleted or written through.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -16,7 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::tree::Tree;
 
 pub const DATA_LINK: &str = "..data";
-const DATA_TMP: &str = "..data_tmp";
+/// Every payload directory drafs writes holds this file: drafs removes only
+/// `..` directories that have it and drafs's name pattern, nothing else.
+const PAYLOAD_MARKER: &str = "..drafs-payload";
 
 /// A filesystem operation that failed, with the path it failed on.
 #[derive(Debug, thiserror::Error)]
@@ -65,12 +69,19 @@ impl AtomicDir {
             return Err(e);
         }
 
-        // Swap ..data to the new payload in one rename.
-        let tmp = self.dir.join(DATA_TMP);
-        let _ = fs::remove_file(&tmp);
-        symlink(&payload_name, &tmp).map_err(io_err("create symlink", &tmp))?;
+        // Swap ..data to the new payload in one rename, through a link of a fresh
+        // name (a leftover or foreign entry of any name is never reused).
         let data = self.dir.join(DATA_LINK);
-        fs::rename(&tmp, &data).map_err(io_err("rename into place", &data))?;
+        let swapped = self.fresh_link(&payload_name).and_then(|tmp| {
+            fs::rename(&tmp, &data).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io_err("rename into place", &data)(e)
+            })
+        });
+        if let Err(e) = swapped {
+            let _ = remove_tree(&payload);
+            return Err(e);
+        }
 
         // User-visible names: add new links, drop those whose target is gone.
         for name in &top {
@@ -87,8 +98,11 @@ impl AtomicDir {
                 continue;
             }
             if name.starts_with("..") {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                // Only an earlier payload of drafs's own; anything else is left alone.
+                if is_our_payload(&path, &name) {
                     remove_tree(&path)?;
+                } else if is_our_swap_link(&path, &name) {
+                    let _ = fs::remove_file(&path);
                 }
             } else if !top.contains(&name) && is_our_link(&path, &name) {
                 fs::remove_file(&path).map_err(io_err("remove stale symlink", &path))?;
@@ -115,6 +129,20 @@ impl AtomicDir {
         Ok(())
     }
 
+    /// A new symlink to `target` under a name nobody uses.
+    fn fresh_link(&self, target: &str) -> Result<PathBuf, WriteError> {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for attempt in 0u32.. {
+            let tmp = self.dir.join(format!("..data_tmp.{nanos}.{}.{attempt}", std::process::id()));
+            match symlink(target, &tmp) {
+                Ok(()) => return Ok(tmp),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => continue,
+                Err(e) => return Err(io_err("create symlink", &tmp)(e)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
     fn new_payload_dir(&self) -> Result<String, WriteError> {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         for attempt in 0u32.. {
@@ -130,11 +158,33 @@ impl AtomicDir {
     }
 }
 
+/// `..<nanos>.<pid>.<attempt>`, a real directory (not a link), with the marker.
+fn is_our_payload(path: &Path, name: &str) -> bool {
+    let pattern = name.strip_prefix("..").is_some_and(|rest| {
+        let parts: Vec<&str> = rest.split('.').collect();
+        parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    });
+    pattern
+        && fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
+        && fs::symlink_metadata(path.join(PAYLOAD_MARKER)).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// A swap link a killed writer left: `..data_tmp.<n>.<n>.<n>` pointing at a payload name.
+fn is_our_swap_link(path: &Path, name: &str) -> bool {
+    let pattern = name.strip_prefix("..data_tmp.").is_some_and(|rest| {
+        let parts: Vec<&str> = rest.split('.').collect();
+        parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    });
+    pattern && fs::read_link(path).is_ok_and(|t| t.to_str().is_some_and(|t| t.starts_with("..") && !t.contains('/')))
+}
+
 fn is_our_link(path: &Path, name: &str) -> bool {
     fs::read_link(path).is_ok_and(|target| target == Path::new(DATA_LINK).join(name))
 }
 
 fn write_payload(root: &Path, tree: &Tree) -> Result<(), WriteError> {
+    let marker = root.join(PAYLOAD_MARKER);
+    fs::write(&marker, "").map_err(io_err("write", &marker))?;
     let dirs = tree.dirs();
     for dir in dirs.iter().filter(|d| !d.is_empty()) {
         let path = root.join(dir);

@@ -689,3 +689,37 @@ fn get_escapes_control_characters_for_terminals() {
     assert_ok(&init(&env, &[]));
     assert_eq!(std::fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), hostile);
 }
+
+#[test]
+fn init_never_deletes_what_it_did_not_write() {
+    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let dir = env.path("dra");
+    std::fs::create_dir_all(dir.join("..backup/inner")).unwrap();
+    std::fs::write(dir.join("..backup/inner/keep.txt"), "backup").unwrap();
+    std::fs::create_dir(dir.join("..2024_config")).unwrap();
+    std::fs::write(dir.join("..2024_config/a"), "a").unwrap();
+    // Names drafs itself could use, taken by something else.
+    std::fs::write(dir.join("..data_tmp"), "foreign").unwrap();
+    std::fs::create_dir(dir.join("..123.456.0")).unwrap();
+    std::fs::write(dir.join("..123.456.0/x"), "not a drafs payload").unwrap();
+    for _ in 0..2 {
+        assert_ok(&init(&env, &[]));
+        assert_eq!(read_tree(&dir)["gpu/gpu/0/productName"], "NVIDIA H200");
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("..backup/inner/keep.txt")).unwrap(), "backup");
+    assert_eq!(std::fs::read_to_string(dir.join("..2024_config/a")).unwrap(), "a");
+    assert_eq!(std::fs::read_to_string(dir.join("..data_tmp")).unwrap(), "foreign");
+    assert_eq!(std::fs::read_to_string(dir.join("..123.456.0/x")).unwrap(), "not a drafs payload");
+    // Exactly one payload of drafs's own is left, the one ..data points at.
+    let hidden: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".."))
+        .collect();
+    let data = std::fs::read_link(dir.join("..data")).unwrap().to_string_lossy().into_owned();
+    let ours: Vec<&String> = hidden
+        .iter()
+        .filter(|n| !["..backup", "..2024_config", "..data_tmp", "..123.456.0", "..data"].contains(&n.as_str()))
+        .collect();
+    assert_eq!(ours, vec![&data], "{hidden:?}");
+}
