@@ -234,3 +234,131 @@ mod tests {
         assert!(decode("{", &filter(), None).is_err());
     }
 }
+
+/// A ResourceClaim whose `status.devices[].data` is left unparsed, so that a
+/// driver's deeply nested or otherwise undecodable data cannot make the whole
+/// claim (and the pod's readiness) undecodable.
+#[derive(Deserialize)]
+struct SalvagedClaim<'a> {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<k8s_openapi::api::resource::v1::ResourceClaimSpec>,
+    #[serde(default, borrow)]
+    status: Option<SalvagedStatus<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SalvagedStatus<'a> {
+    #[serde(default)]
+    allocation: Option<k8s_openapi::api::resource::v1::AllocationResult>,
+    #[serde(default)]
+    reserved_for: Option<Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>>,
+    #[serde(default, borrow)]
+    devices: Option<Vec<SalvagedDeviceStatus<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SalvagedDeviceStatus<'a> {
+    driver: String,
+    pool: String,
+    device: String,
+    #[serde(default, rename = "shareID")]
+    share_id: Option<String>,
+    #[serde(default)]
+    conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+    #[serde(default)]
+    network_data: Option<k8s_openapi::api::resource::v1::NetworkDeviceData>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// Decode a ResourceClaim; a device's `data` that cannot be decoded is dropped
+/// with a warning (returned), the rest of the claim is kept.
+pub fn decode_claim(
+    raw: &str,
+) -> Result<(k8s_openapi::api::resource::v1::ResourceClaim, Vec<String>), serde_json::Error> {
+    use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim, ResourceClaimStatus};
+    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+    let first_error = match serde_json::from_str::<ResourceClaim>(raw) {
+        Ok(claim) => return Ok((claim, Vec::new())),
+        Err(e) => e,
+    };
+    let Ok(salvaged) = serde_json::from_str::<SalvagedClaim>(raw) else { return Err(first_error) };
+    let name = salvaged.metadata.name.clone().unwrap_or_default();
+    let mut warnings = Vec::new();
+    let status = salvaged.status.map(|s| ResourceClaimStatus {
+        allocation: s.allocation,
+        reserved_for: s.reserved_for,
+        devices: s.devices.map(|devices| {
+            devices
+                .into_iter()
+                .map(|d| {
+                    let data = d.data.and_then(|raw| match serde_json::from_str(raw.get()) {
+                        Ok(value) => Some(RawExtension(value)),
+                        Err(e) => {
+                            warnings.push(format!(
+                                "ResourceClaim {name}: status data of device {}/{}/{} skipped: {e}",
+                                d.driver, d.pool, d.device
+                            ));
+                            None
+                        }
+                    });
+                    AllocatedDeviceStatus {
+                        driver: d.driver,
+                        pool: d.pool,
+                        device: d.device,
+                        share_id: d.share_id,
+                        conditions: d.conditions,
+                        network_data: d.network_data,
+                        data,
+                    }
+                })
+                .collect()
+        }),
+    });
+    if warnings.is_empty() {
+        // The trouble was elsewhere: report the original error.
+        return Err(first_error);
+    }
+    Ok((ResourceClaim { metadata: salvaged.metadata, spec: salvaged.spec, status }, warnings))
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn deeply_nested_device_data_costs_only_that_value() {
+        let mut deep = String::from("1");
+        for _ in 0..140 {
+            deep = format!("{{\"a\":{deep}}}");
+        }
+        let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {},
+            "status": {
+                "allocation": {"devices": {"results": [{"request": "r", "driver": "d.example.com", "pool": "p", "device": "x"}]}},
+                "devices": [{"driver": "d.example.com", "pool": "p", "device": "x",
+                    "networkData": {"interfaceName": "net1"}, "data": "DEEP"}]}})
+        .to_string()
+        .replace("\"DEEP\"", &deep);
+        assert!(
+            serde_json::from_str::<k8s_openapi::api::resource::v1::ResourceClaim>(&claim).is_err(),
+            "too deep for serde"
+        );
+        let (decoded, warnings) = decode_claim(&claim).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("d.example.com/p/x"), "{warnings:?}");
+        let status = decoded.status.unwrap();
+        let device = &status.devices.unwrap()[0];
+        assert!(device.data.is_none());
+        assert_eq!(device.network_data.as_ref().unwrap().interface_name.as_deref(), Some("net1"));
+        assert_eq!(status.allocation.unwrap().devices.unwrap().results.unwrap()[0].device, "x");
+        // Anything else wrong is still an error.
+        assert!(decode_claim("{\"metadata\": 5}").is_err());
+    }
+}

@@ -16,14 +16,13 @@ use std::time::Duration;
 
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Client;
 use kube::api::{ListParams, WatchParams};
 use kube::core::Request;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use crate::api::{ApiError, EngineError, PodRef, RetryBackoff};
 use crate::metrics::Metrics;
@@ -273,7 +272,13 @@ impl ScopeContext {
 
     fn decode(&self, raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<Item>, serde_json::Error> {
         Ok(match self.scope {
-            Scope::Claim(_) => Some(Item::Claim(Box::new(serde_json::from_str::<ResourceClaim>(raw)?))),
+            Scope::Claim(_) => {
+                let (claim, warnings) = slices::decode_claim(raw)?;
+                for w in warnings {
+                    warn!("{w}");
+                }
+                Some(Item::Claim(Box::new(claim)))
+            }
             _ => slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s))),
         })
     }

@@ -723,3 +723,22 @@ fn init_never_deletes_what_it_did_not_write() {
         .collect();
     assert_eq!(ours, vec![&data], "{hidden:?}");
 }
+
+#[test]
+fn deeply_nested_device_data_is_skipped_not_fatal() {
+    let (api, env, mut claim) = nic_without_status();
+    let mut deep = json!(1);
+    for _ in 0..140 {
+        deep = json!({ "a": deep });
+    }
+    claim["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0",
+        "networkData": {"interfaceName": "eth7"}, "data": deep}]);
+    api.apply(claim);
+    let dir = env.path("dra");
+    let out = init(&env, &["--timeout", "20s"]);
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["net/eth/0/.status/interfaceName"], "eth7");
+    assert!(!tree.contains_key("net/eth/0/.status/data"));
+    assert!(stderr(&out).contains("status data of device net.example.com/n1/nic0 skipped"), "{}", stderr(&out));
+}
