@@ -175,6 +175,8 @@ impl Publisher {
         match &mut self.tree {
             TreeOutput::Files(dir) => {
                 if let Err(e) = dir.write(&built.tree) {
+                    // What is there is stale now: not ready until a write succeeds.
+                    dir.withdraw_ready();
                     failed = Some(PublishError::Tree(e));
                 }
             }
@@ -233,6 +235,10 @@ impl Outputs {
                 self.metrics.tree_published(false, built.tree.len(), &[format!("output failed: {e}")]);
                 let after = self.retry.next().unwrap_or_default();
                 warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
+                if self.failed.is_none() {
+                    let message = format!("cannot write the outputs: {e}; retrying");
+                    self.events.record(Note { warning: true, reason: events::NOT_READY, message, uid: None });
+                }
                 self.retry_at = Some(Instant::now() + after);
                 self.failed = Some(publication);
             }

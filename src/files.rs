@@ -112,6 +112,16 @@ impl AtomicDir {
         Ok(true)
     }
 
+    /// Take `.ready` away (after a failed write: the tree there is stale), if it
+    /// is drafs's own link. The next successful write puts it back.
+    pub fn withdraw_ready(&mut self) {
+        let link = self.dir.join(crate::layout::READY);
+        if is_our_link(&link, crate::layout::READY) {
+            let _ = fs::remove_file(&link);
+        }
+        self.last = None;
+    }
+
     /// Fail before writing anything if a top-level name is taken by something else.
     fn check_top_level(&self, top: &BTreeSet<String>) -> Result<(), WriteError> {
         for name in top {

@@ -233,3 +233,52 @@ fn copy_self_never_writes_through_a_planted_link() {
         std::fs::read_dir(&to).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, [".drafs", ".drafs.tmp", "drafs", "drafs.tmp"].iter().map(|s| s.to_string()).collect());
 }
+
+#[test]
+fn serve_keeps_serving_through_a_full_disk_and_recovers_by_itself() {
+    // A tiny tmpfs of our own (needs root, like the FUSE tests).
+    if !require_fuse() {
+        return;
+    }
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let disk = env.path("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "drafs-test-full", disk.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            detach(&self.0);
+        }
+    }
+    let _unmount = Unmount(disk.clone());
+    let dir = disk.join("dra");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+
+    // The disk fills up, then a value changes: the write fails.
+    let mut filler = std::fs::File::create(disk.join("filler")).unwrap();
+    let _ = std::io::Write::write_all(&mut filler, &vec![0u8; 1024 * 1024]);
+    drop(filler);
+    let mut s = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
+    s["spec"]["devices"][1]["attributes"]["dra.net/ifName"] = serde_json::json!({"string": "after-full-disk"});
+    api.apply(s);
+    // Not ready while the tree is stale; still running, /readyz says why.
+    serve.wait_for(".ready", None, LIMIT);
+    wait_until("readyz 503 naming the output", LIMIT, || {
+        http_get(&addr, "/readyz").is_some_and(|(c, body)| c == 503 && body.contains("output failed"))
+    });
+    let probe = env.run(&["probe", "--dir", dir.to_str().unwrap()], LIMIT);
+    assert_eq!(probe.status.code(), Some(1));
+
+    // Room again: drafs retries by itself and is ready with the new value.
+    std::fs::remove_file(disk.join("filler")).unwrap();
+    serve.wait_for("nics/rdma/0/ifName", Some("after-full-disk"), LIMIT);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    wait_until("readyz 200", LIMIT, || http_get(&addr, "/readyz").is_some_and(|(c, _)| c == 200));
+    assert!(serve.child.as_mut().unwrap().try_wait().unwrap().is_none(), "serve never exited");
+}
