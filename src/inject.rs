@@ -16,6 +16,25 @@ pub enum InjectError {
     Parse(String),
     #[error("cannot write YAML: {0}")]
     Write(String),
+    #[error(
+        "{what}: container {container:?} already mounts volume {volume:?} at {path}, where the tree would go; choose another place with --dir"
+    )]
+    MountPathTaken { what: String, container: String, volume: String, path: String },
+}
+
+/// Why a pod spec was not changed.
+enum Skip {
+    NoClaims,
+    MountPathTaken { container: String, volume: String },
+}
+
+/// `base`, or `base-1`, `base-2`... whichever no volume of the pod has.
+fn free_volume_name(volumes: &[Value], base: &str) -> String {
+    let taken = |n: &str| volumes.iter().any(|v| v["name"] == n);
+    std::iter::once(base.to_string())
+        .chain((1..).map(|i| format!("{base}-{i}")))
+        .find(|n| !taken(n))
+        .expect("an unbounded sequence has a free name")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -72,7 +91,7 @@ fn downward_env() -> Value {
     ])
 }
 
-fn drafs_container(opts: &Options) -> Value {
+fn drafs_container(opts: &Options, volume: &str, fuse_volume: &str) -> Value {
     let dir = &opts.dir;
     let probe = json!({"exec": {"command": ["/drafs", "probe", format!("--dir={dir}")]}, "periodSeconds": 1, "failureThreshold": 300});
     let restricted =
@@ -86,7 +105,7 @@ fn drafs_container(opts: &Options) -> Value {
         "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted,
-        "volumeMounts": [{"name": VOLUME, "mountPath": dir}],
+        "volumeMounts": [{"name": volume, "mountPath": dir}],
     });
     match opts.mode {
         Mode::Init => {
@@ -104,8 +123,8 @@ fn drafs_container(opts: &Options) -> Value {
             c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/drafs", "unmount", format!("--dir={dir}")]}}});
             c["securityContext"] = json!({"privileged": true, "runAsUser": 0});
             c["volumeMounts"] = json!([
-                {"name": VOLUME, "mountPath": dir, "mountPropagation": "Bidirectional"},
-                {"name": FUSE_VOLUME, "mountPath": "/dev/fuse"},
+                {"name": volume, "mountPath": dir, "mountPropagation": "Bidirectional"},
+                {"name": fuse_volume, "mountPath": "/dev/fuse"},
             ]);
         }
     }
@@ -125,11 +144,11 @@ fn array<'a>(spec: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
     entry.as_array_mut().expect("just made an array")
 }
 
-/// Inject into one pod spec; returns false when nothing was to be done.
-fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, ()> {
+/// Inject into one pod spec; returns false when drafs is there already.
+fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
     let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
     if !has_claims {
-        return Err(());
+        return Err(Skip::NoClaims);
     }
     let already = ["initContainers", "containers"]
         .iter()
@@ -137,48 +156,67 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, ()> {
     if already {
         return Ok(false);
     }
+    // Something of the pod's own mounted where the tree goes would hide it.
+    for key in ["initContainers", "containers"] {
+        for c in spec.get(key).and_then(Value::as_array).into_iter().flatten() {
+            let mounts = c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten();
+            if let Some(m) =
+                mounts.into_iter().find(|m| m["mountPath"].as_str().is_some_and(|p| same_path(p, &opts.dir)))
+            {
+                return Err(Skip::MountPathTaken {
+                    container: c["name"].as_str().unwrap_or_default().to_string(),
+                    volume: m["name"].as_str().unwrap_or_default().to_string(),
+                });
+            }
+        }
+    }
+    let existing: Vec<Value> = spec.get("volumes").and_then(Value::as_array).cloned().unwrap_or_default();
+    let volume = free_volume_name(&existing, VOLUME);
+    let fuse_volume = free_volume_name(&existing, FUSE_VOLUME);
     let map = spec.as_object_mut().expect("pod spec is an object");
     if map.get("serviceAccountName").and_then(Value::as_str).is_none_or(str::is_empty) {
         map.insert("serviceAccountName".into(), json!("drafs"));
     }
     let mount = match opts.mode {
         Mode::SidecarFuse => {
-            json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"})
+            json!({"name": volume, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"})
         }
-        _ => json!({"name": VOLUME, "mountPath": opts.dir, "readOnly": true}),
+        _ => json!({"name": volume, "mountPath": opts.dir, "readOnly": true}),
     };
     for key in ["initContainers", "containers"] {
         if let Some(containers) = spec.get_mut(key).and_then(Value::as_array_mut) {
             for c in containers.iter_mut().filter(|c| uses_claims(c)) {
-                let mounts = array(c, "volumeMounts");
-                if !mounts.iter().any(|m| m["name"] == VOLUME || m["mountPath"] == json!(opts.dir)) {
-                    mounts.push(mount.clone());
-                }
+                array(c, "volumeMounts").push(mount.clone());
             }
         }
     }
-    array(spec, "initContainers").insert(0, drafs_container(opts));
+    array(spec, "initContainers").insert(0, drafs_container(opts, &volume, &fuse_volume));
     let volumes = array(spec, "volumes");
     let dra_volume = match opts.mode {
-        Mode::SidecarFuse => json!({"name": VOLUME, "emptyDir": {}}),
-        _ => json!({"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}}),
+        Mode::SidecarFuse => json!({"name": volume, "emptyDir": {}}),
+        _ => json!({"name": volume, "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}}),
     };
     volumes.push(dra_volume);
     if opts.mode == Mode::SidecarFuse {
-        volumes.push(json!({"name": FUSE_VOLUME, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
+        volumes.push(json!({"name": fuse_volume, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
     }
     Ok(true)
 }
 
+/// `/dra` and `/dra/` are the same mount path.
+fn same_path(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
 /// Inject into every document; documents that are not workloads pass unchanged.
-pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>) {
+pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>) -> Result<(), InjectError> {
     if doc["kind"] == "List" {
         if let Some(items) = doc.get_mut("items").and_then(Value::as_array_mut) {
             for item in items {
-                inject_value(item, opts, outcomes);
+                inject_value(item, opts, outcomes)?;
             }
         }
-        return;
+        return Ok(());
     }
     let what = describe(doc);
     let outcome = match pod_spec(doc) {
@@ -186,10 +224,14 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
         Some(spec) => match inject_spec(spec, opts) {
             Ok(true) => Outcome::Injected(what),
             Ok(false) => Outcome::AlreadyInjected(what),
-            Err(()) => Outcome::NoClaims(what),
+            Err(Skip::NoClaims) => Outcome::NoClaims(what),
+            Err(Skip::MountPathTaken { container, volume }) => {
+                return Err(InjectError::MountPathTaken { what, container, volume, path: opts.dir.clone() });
+            }
         },
     };
     outcomes.push(outcome);
+    Ok(())
 }
 
 /// Parse YAML documents, inject, and print them again.
@@ -201,7 +243,7 @@ pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), Inje
     let mut outcomes = Vec::new();
     let mut out = String::new();
     for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
-        inject_value(&mut doc, opts, &mut outcomes);
+        inject_value(&mut doc, opts, &mut outcomes)?;
         if !out.is_empty() {
             out.push_str("---\n");
         }
@@ -272,5 +314,35 @@ spec:
         let (round, _) = inject(&out, &opts(Mode::Init)).unwrap();
         assert_eq!(out, round);
         assert!(!out.contains("drafs"));
+    }
+
+    #[test]
+    fn a_volume_named_dra_gets_a_free_name_and_a_taken_mount_path_is_refused() {
+        let with_volume = DEPLOYMENT.replace(
+            "      containers:\n",
+            "      volumes: [{name: dra, configMap: {name: mine}}, {name: dev-fuse, emptyDir: {}}]\n      containers:\n",
+        );
+        let (out, _) = inject(&with_volume, &opts(Mode::SidecarFuse)).unwrap();
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let spec = &doc["spec"]["template"]["spec"];
+        let names: Vec<&str> =
+            spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+        assert_eq!(names, vec!["dra", "dev-fuse", "dra-1", "dev-fuse-1"], "no duplicate volume names");
+        assert_eq!(spec["initContainers"][0]["volumeMounts"][0]["name"], "dra-1");
+        assert_eq!(spec["initContainers"][0]["volumeMounts"][1]["name"], "dev-fuse-1");
+        assert_eq!(spec["containers"][0]["volumeMounts"][0]["name"], "dra-1");
+
+        let with_mount = DEPLOYMENT.replace(
+            "        resources: {claims: [{name: gpu}]}\n",
+            "        resources: {claims: [{name: gpu}]}\n        volumeMounts: [{name: own, mountPath: /dra/}]\n",
+        );
+        let err = inject(&with_mount, &opts(Mode::Init)).unwrap_err().to_string();
+        assert!(
+            err.contains("container \"app\" already mounts volume \"own\" at /dra") && err.contains("--dir"),
+            "{err}"
+        );
+        let moved = Options { dir: "/devices".into(), ..opts(Mode::Init) };
+        let (out, _) = inject(&with_mount, &moved).unwrap();
+        assert!(out.contains("mountPath: /devices"), "{out}");
     }
 }
