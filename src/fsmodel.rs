@@ -3,8 +3,13 @@
 //! A [`FsSnapshot`] is an immutable inode table built from a [`Tree`]. The FUSE
 //! adapter answers every request from the current snapshot and swaps in a new one
 //! on change; [`invalidations`] says which kernel caches must then be dropped.
-//! Inode numbers come from an [`InodeAllocator`] that lives as long as the mount,
-//! so a path keeps its inode across updates.
+//! Inode numbers come from an [`InodeAllocator`] that lives as long as the mount:
+//! a directory keeps its inode while its path exists, and a file keeps its inode
+//! while its path exists *and its content is unchanged*. A changed file gets a
+//! new inode, so an inode's content never changes: whatever the kernel cached
+//! about an inode (size, pages) stays true of it, and a reader sees the old
+//! value or the new one, never the new bytes cut to the old size. The
+//! allocator remembers only the current paths.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -67,9 +72,10 @@ impl Node {
     }
 }
 
-/// Stable inode numbers: one per (path, kind) for the life of the mount.
+/// Inode numbers for the life of the mount (see the module doc).
 #[derive(Debug)]
 pub struct InodeAllocator {
+    /// The inode of every path of the last snapshot built.
     by_path: HashMap<(String, Kind), Ino>,
     next: Ino,
 }
@@ -83,14 +89,19 @@ impl Default for InodeAllocator {
 }
 
 impl InodeAllocator {
-    fn ino(&mut self, path: &str, kind: Kind) -> Ino {
-        if let Some(ino) = self.by_path.get(&(path.to_string(), kind)) {
-            return *ino;
-        }
+    fn fresh(&mut self) -> Ino {
         let ino = self.next;
         self.next += 1;
-        self.by_path.insert((path.to_string(), kind), ino);
         ino
+    }
+
+    /// Paths remembered (the current snapshot's).
+    pub fn len(&self) -> usize {
+        self.by_path.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_path.is_empty()
     }
 }
 
@@ -119,21 +130,43 @@ impl FsSnapshot {
         let dirs = tree.dirs();
         let entries = dirs.iter().map(|d| (d.as_str(), Kind::Dir, empty.clone()));
         let entries = entries.chain(tree.files().map(|(p, c)| (p, Kind::File, Arc::from(c))));
-        let mut links: Vec<(Ino, &str, Ino)> = Vec::new();
+        let mut by_path: HashMap<(String, Kind), Ino> = HashMap::new();
+        by_path.insert((String::new(), Kind::Dir), ROOT);
+        let mut inos: Vec<(&str, Kind, Arc<[u8]>, Ino, Option<SystemTime>)> = Vec::new();
         for (path, kind, content) in entries {
-            let ino = inodes.ino(path, kind);
+            let key = (path.to_string(), kind);
+            // Reuse the path's inode if it still says the same (a directory always does).
+            let kept = inodes.by_path.get(&key).copied().and_then(|ino| {
+                let old = previous.and_then(|p| p.nodes.get(&ino));
+                match old {
+                    Some(old) if old.kind == kind && (kind == Kind::Dir || old.content == content) => {
+                        Some((ino, Some(old.mtime)))
+                    }
+                    None if path.is_empty() => Some((ROOT, None)),
+                    _ => None,
+                }
+            });
+            let (ino, mtime) = match kept {
+                Some(found) => found,
+                None if path.is_empty() => (ROOT, None),
+                None => (inodes.fresh(), None),
+            };
+            by_path.insert(key, ino);
+            inos.push((path, kind, content, ino, mtime));
+        }
+        let mut links: Vec<(Ino, &str, Ino)> = Vec::new();
+        for (path, kind, content, ino, mtime) in inos {
             let (parent_path, name) = parent_of(path);
-            let parent = if path.is_empty() { ROOT } else { inodes.ino(parent_path, Kind::Dir) };
+            let parent = if path.is_empty() { ROOT } else { by_path[&(parent_path.to_string(), Kind::Dir)] };
             if !path.is_empty() {
                 links.push((parent, name, ino));
             }
-            let mtime = previous
-                .and_then(|p| p.nodes.get(&ino))
-                .filter(|old| old.kind == kind && old.content == content)
-                .map(|old| old.mtime)
-                .unwrap_or(now);
-            nodes.insert(ino, Node { ino, kind, parent, mtime, content, children: BTreeMap::new() });
+            nodes.insert(
+                ino,
+                Node { ino, kind, parent, mtime: mtime.unwrap_or(now), content, children: BTreeMap::new() },
+            );
         }
+        inodes.by_path = by_path;
         for (parent, name, ino) in links {
             if let Some(p) = nodes.get_mut(&parent) {
                 p.children.insert(name.to_string(), ino);
@@ -156,6 +189,10 @@ impl FsSnapshot {
 
     pub fn node(&self, ino: Ino) -> Option<&Node> {
         self.nodes.get(&ino)
+    }
+
+    pub fn inodes(&self) -> impl Iterator<Item = Ino> + '_ {
+        self.nodes.keys().copied()
     }
 
     /// Inodes in the snapshot, directories included (statfs reports it).
@@ -275,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn inodes_are_stable_and_changes_are_invalidated() {
+    fn a_changed_file_gets_a_new_inode_and_unchanged_paths_keep_theirs() {
         let mut inodes = InodeAllocator::default();
         let a = FsSnapshot::build(
             &tree(&[("gpu/gpu/0/uuid", "A"), ("gpu/gpu/0/bus", "1"), (".ready", "")]),
@@ -288,23 +325,35 @@ mod tests {
             Some(&a),
         );
         let uuid = path_ino(&a, "gpu/gpu/0/uuid");
-        assert_eq!(path_ino(&b, "gpu/gpu/0/uuid"), uuid, "same path, same inode");
+        let new_uuid = path_ino(&b, "gpu/gpu/0/uuid");
+        assert_ne!(new_uuid, uuid, "new content, new inode: an inode's content never changes");
+        assert_eq!(b.read(new_uuid, 0, 10).unwrap(), b"B");
+        assert!(b.node(uuid).is_none(), "the old inode is not in the new snapshot");
         let bus = path_ino(&a, "gpu/gpu/0/bus");
+        assert_eq!(path_ino(&b, "gpu/gpu/0/bus"), bus, "same content, same inode");
         assert_eq!(b.node(bus).unwrap().mtime, a.node(bus).unwrap().mtime, "unchanged content keeps mtime");
         let dev = path_ino(&a, "gpu/gpu/0");
+        assert_eq!(path_ino(&b, "gpu/gpu/0"), dev, "directories keep their inode");
         let inv = invalidations(&a, &b);
-        assert!(inv.contains(&Invalidation::Inode(uuid)));
-        assert!(!inv.contains(&Invalidation::Inode(bus)));
+        // The name now leads to another inode: the kernel forgets the old entry.
+        assert!(inv.contains(&Invalidation::Deleted { parent: dev, child: uuid, name: "uuid".into() }));
+        assert!(inv.contains(&Invalidation::Entry { parent: dev, name: "uuid".into() }));
+        assert!(!inv.iter().any(|i| matches!(i, Invalidation::Entry { name, .. } if name == "bus")));
         assert!(inv.contains(&Invalidation::Entry { parent: dev, name: "new".into() }));
         let ready = path_ino(&a, ".ready");
         assert!(inv.contains(&Invalidation::Deleted { parent: ROOT, child: ready, name: ".ready".into() }));
         assert!(inv.contains(&Invalidation::Inode(ROOT)));
         assert_eq!(b.lookup(ROOT, ".ready").unwrap_err(), FsError::NotFound);
 
-        // Back again: the old inode number returns for the old path.
+        // Only the current paths are remembered, however many have come and gone.
         let c = FsSnapshot::build(&tree(&[(".ready", "")]), &mut inodes, Some(&b));
-        assert_eq!(path_ino(&c, ".ready"), ready);
+        assert_ne!(path_ino(&c, ".ready"), ready, "a path that returns gets a fresh inode");
+        assert_eq!(inodes.len(), 2, "root and .ready");
         assert!(invalidations(&c, &c).is_empty());
+        for i in 0..1000 {
+            FsSnapshot::build(&tree(&[(&format!("attr{i}"), "x")]), &mut inodes, Some(&c));
+        }
+        assert_eq!(inodes.len(), 2);
     }
 
     #[test]

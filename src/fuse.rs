@@ -5,13 +5,14 @@
 //! After each swap a dedicated thread tells the kernel what to forget; never a
 //! FUSE callback, which would deadlock against the kernel waiting on it.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use fuser::{
     BackgroundSession, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -45,8 +46,28 @@ fn load(current: &Current) -> Arc<FsSnapshot> {
     current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
 }
 
+/// What the kernel holds: how many lookups of each inode it has not forgotten,
+/// and the nodes replaced since that it may still read (an open file of a value
+/// that has changed reads the value it opened, whole).
+#[derive(Default)]
+struct KernelRefs {
+    lookups: HashMap<u64, u64>,
+    retired: HashMap<u64, (Node, Instant)>,
+}
+
+/// A retired node nobody has looked up is dropped after this long (the lookup
+/// that raced with its retirement has been counted by then).
+const RETIRED_GRACE: Duration = Duration::from_secs(2);
+
+type Refs = Arc<Mutex<KernelRefs>>;
+
+fn lock(refs: &Refs) -> std::sync::MutexGuard<'_, KernelRefs> {
+    refs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct DraFs {
     current: Current,
+    refs: Refs,
     metrics: Option<Arc<Metrics>>,
     no_open: AtomicBool,
     uid: u32,
@@ -56,6 +77,14 @@ struct DraFs {
 impl DraFs {
     fn snapshot(&self) -> Arc<FsSnapshot> {
         load(&self.current)
+    }
+
+    /// The node of `ino`: the current snapshot's, or a replaced one the kernel still holds.
+    fn node(&self, ino: u64) -> Option<Node> {
+        if let Some(node) = self.snapshot().node(ino) {
+            return Some(node.clone());
+        }
+        lock(&self.refs).retired.get(&ino).map(|(node, _)| node.clone())
     }
 
     fn attr(&self, node: &Node) -> FileAttr {
@@ -100,14 +129,28 @@ impl Filesystem for DraFs {
         let snap = self.snapshot();
         let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
         match snap.lookup(parent.0, name) {
-            Ok(node) => reply.entry(&TTL, &self.attr(node), Generation(0)),
+            Ok(node) => {
+                *lock(&self.refs).lookups.entry(node.ino).or_default() += 1;
+                reply.entry(&TTL, &self.attr(node), Generation(0))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let mut refs = lock(&self.refs);
+        let left = refs.lookups.get(&ino.0).map_or(0, |n| n.saturating_sub(nlookup));
+        if left == 0 {
+            refs.lookups.remove(&ino.0);
+            refs.retired.remove(&ino.0);
+        } else {
+            refs.lookups.insert(ino.0, left);
+        }
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.snapshot().node(ino.0) {
-            Some(node) => reply.attr(&TTL, &self.attr(node)),
+        match self.node(ino.0) {
+            Some(node) => reply.attr(&TTL, &self.attr(&node)),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -117,7 +160,7 @@ impl Filesystem for DraFs {
             // The kernel stops sending opens and keeps the page cache.
             return reply.error(Errno::ENOSYS);
         }
-        match self.snapshot().node(ino.0) {
+        match self.node(ino.0) {
             Some(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             None => reply.error(Errno::ENOENT),
         }
@@ -147,8 +190,19 @@ impl Filesystem for DraFs {
         if let Some(m) = &self.metrics {
             m.fuse_read();
         }
-        match self.snapshot().read(ino.0, offset, size) {
+        let snap = self.snapshot();
+        match snap.read(ino.0, offset, size) {
             Ok(data) => reply.data(data),
+            Err(FsError::NotFound) => match self.node(ino.0) {
+                // A value replaced since the reader looked it up: it reads that value, whole.
+                Some(node) if node.kind == Kind::File => {
+                    let start = (offset as usize).min(node.content.len());
+                    let end = start.saturating_add(size as usize).min(node.content.len());
+                    reply.data(&node.content[start..end])
+                }
+                Some(_) => reply.error(Errno::EISDIR),
+                None => reply.error(Errno::ENOENT),
+            },
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -295,6 +349,7 @@ impl Filesystem for DraFs {
 pub struct FuseMount {
     dir: PathBuf,
     current: Current,
+    refs: Refs,
     inodes: InodeAllocator,
     session: Option<BackgroundSession>,
     invalidate: Option<mpsc::Sender<Vec<Invalidation>>>,
@@ -306,8 +361,10 @@ impl FuseMount {
     pub fn mount(dir: &Path, metrics: Option<Arc<Metrics>>) -> Result<Self, FuseError> {
         prepare_mount_point(dir)?;
         let current: Current = Arc::new(RwLock::new(Arc::new(FsSnapshot::empty())));
+        let refs: Refs = Arc::default();
         let fs = DraFs {
             current: current.clone(),
+            refs: refs.clone(),
             metrics,
             no_open: AtomicBool::new(false),
             // SAFETY: geteuid/getegid have no preconditions and cannot fail.
@@ -339,6 +396,7 @@ impl FuseMount {
         Ok(FuseMount {
             dir: dir.to_path_buf(),
             current,
+            refs,
             inodes: InodeAllocator::default(),
             session: Some(session),
             invalidate: Some(tx),
@@ -351,6 +409,19 @@ impl FuseMount {
         let old = load(&self.current);
         let new = Arc::new(FsSnapshot::build(tree, &mut self.inodes, Some(&old)));
         let changes = invalidations(&old, &new);
+        {
+            // Nodes the new snapshot replaces stay readable while the kernel may
+            // hold them; they are retired before the swap so no request misses them.
+            let mut refs = lock(&self.refs);
+            let now = Instant::now();
+            let KernelRefs { lookups, retired } = &mut *refs;
+            retired.retain(|ino, (_, since)| lookups.contains_key(ino) || now.duration_since(*since) < RETIRED_GRACE);
+            for ino in old.inodes().filter(|ino| new.node(*ino).is_none()) {
+                if let Some(node) = old.node(ino) {
+                    retired.insert(ino, (node.clone(), now));
+                }
+            }
+        }
         match self.current.write() {
             Ok(mut g) => *g = new,
             Err(p) => *p.into_inner() = new,
@@ -360,6 +431,11 @@ impl FuseMount {
         {
             let _ = tx.send(changes);
         }
+    }
+
+    /// Replaced nodes still kept for the kernel (for tests and metrics).
+    pub fn retired_count(&self) -> usize {
+        lock(&self.refs).retired.len()
     }
 }
 

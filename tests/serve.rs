@@ -71,14 +71,19 @@ fn fuse_updates_values_status_and_removals_live() {
     let mnt = env.path("mnt");
     let mut serve = Serve::start(&env, &mnt, &[]);
     serve.wait_for(".ready", Some(""), LIMIT);
-    let ino_before = std::fs::metadata(mnt.join(NIC0_IFNAME)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let ino = |rel: &str| std::fs::metadata(mnt.join(rel)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let (name_before, mtu_before, dir_before) = (ino(NIC0_IFNAME), ino("nics/rdma/0/mtu"), ino("nics/rdma/0"));
 
     // An attribute changes.
     set_nic_attribute(&api, "dra.net/ifName", "ens9");
     serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
     assert_eq!(serve.read("nics/rdma/0/dra.net/ifName").as_deref(), Some("ens9"));
-    let ino_after = std::fs::metadata(mnt.join(NIC0_IFNAME)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
-    assert_eq!(ino_before, ino_after, "inode numbers are stable across updates");
+    // A changed value is a new inode (so no cached size or page of the old one
+    // can mix with it, as with the files backend's new payload); unchanged
+    // values and directories keep theirs.
+    assert_ne!(ino(NIC0_IFNAME), name_before, "a changed value has a new inode");
+    assert_eq!(ino("nics/rdma/0/mtu"), mtu_before, "an unchanged value keeps its inode");
+    assert_eq!(ino("nics/rdma/0"), dir_before, "directories keep their inode");
 
     // A new pool generation is published beside the old one: the newest wins.
     let mut next = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
@@ -339,4 +344,55 @@ fn ordinary_readers_do_not_flood_the_log_and_ioctl_is_enotty() {
     let log = stderr(&out);
     assert!(!log.contains("Not Implemented"), "{log}");
     assert!(log.lines().count() < 50, "{} log lines for 200 reads:\n{log}", log.lines().count());
+}
+
+#[test]
+fn fuse_readers_never_see_a_value_that_was_not_published() {
+    if !require_fuse() {
+        return;
+    }
+    let (api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    let long = format!("a-much-longer-value-{}", "x".repeat(100));
+    let values = ["s".to_string(), long, "mid-length-val".to_string()];
+    set_nic_attribute(&api, "dra.net/ifName", &values[0]);
+    serve.wait_for(NIC0_IFNAME, Some(&values[0]), LIMIT);
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let file = mnt.join(NIC0_IFNAME);
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (done, file, values) = (done.clone(), file.clone(), values.clone());
+            std::thread::spawn(move || {
+                let (mut reads, mut torn) = (0u64, Vec::new());
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(bytes) = std::fs::read(&file) {
+                        reads += 1;
+                        let text = String::from_utf8_lossy(&bytes).into_owned();
+                        if !values.contains(&text) && torn.len() < 10 {
+                            torn.push(text);
+                        }
+                    }
+                }
+                (reads, torn)
+            })
+        })
+        .collect();
+    for i in 1..=1500 {
+        set_nic_attribute(&api, "dra.net/ifName", &values[i % 3]);
+        if i % 100 == 0 {
+            // Let the tree catch up now and then, so swaps happen under the readers.
+            serve.wait_for(NIC0_IFNAME, Some(&values[i % 3]), LIMIT);
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for r in readers {
+        let (reads, torn) = r.join().unwrap();
+        total += reads;
+        assert!(torn.is_empty(), "read values never published: {torn:?}");
+    }
+    assert!(total > 1000, "only {total} reads");
 }
