@@ -132,7 +132,9 @@ impl FsSnapshot {
         let entries = entries.chain(tree.files().map(|(p, c)| (p, Kind::File, Arc::from(c))));
         let mut by_path: HashMap<(String, Kind), Ino> = HashMap::new();
         by_path.insert((String::new(), Kind::Dir), ROOT);
-        let mut inos: Vec<(&str, Kind, Arc<[u8]>, Ino, Option<SystemTime>)> = Vec::new();
+        // (path, kind, content, inode, mtime kept from the previous snapshot)
+        type Placed<'t> = (&'t str, Kind, Arc<[u8]>, Ino, Option<SystemTime>);
+        let mut inos: Vec<Placed> = Vec::new();
         for (path, kind, content) in entries {
             let key = (path.to_string(), kind);
             // Reuse the path's inode if it still says the same (a directory always does).
