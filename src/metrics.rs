@@ -158,49 +158,71 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Answer until the task is dropped.
+/// Connections served at once; more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 32;
+/// A request must arrive whole, and its answer leave, within this time (a
+/// client that trickles bytes cannot keep a connection).
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answer until the task is dropped. Bounded in connections and time, so a
+/// flood of slow or idle clients costs a fixed amount of memory and descriptors
+/// and can never starve the tree's writes of them.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut accept_backoff = std::time::Duration::from_millis(50);
     loop {
-        let (mut stream, _) = match listener.accept().await {
-            Ok(s) => s,
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let mut stream = match listener.accept().await {
+            Ok((s, _)) => {
+                accept_backoff = std::time::Duration::from_millis(50);
+                s
+            }
             Err(e) => {
-                debug!("accept: {e}");
+                // Out of descriptors (EMFILE) and the like: wait instead of spinning.
+                debug!("accept: {e}; retrying in {} ms", accept_backoff.as_millis());
+                tokio::time::sleep(accept_backoff).await;
+                accept_backoff = (accept_backoff * 2).min(std::time::Duration::from_secs(1));
                 continue;
             }
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            // Read the request head (bounded), then answer and close.
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-                match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => return,
-                }
-            }
-            let head = String::from_utf8_lossy(&buf);
-            let mut parts = head.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let (code, content_type, body) = if method == "GET" {
-                metrics.respond(path.split('?').next().unwrap_or(""))
-            } else {
-                (405, "text/plain", "only GET\n".into())
-            };
-            let reason = match code {
-                200 => "OK",
-                404 => "Not Found",
-                405 => "Method Not Allowed",
-                _ => "Service Unavailable",
-            };
-            let response = format!(
-                "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
+            let _permit = permit;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&mut stream, &metrics)).await;
         });
     }
+}
+
+/// Read the request head (bounded), answer, close.
+async fn answer(stream: &mut tokio::net::TcpStream, metrics: &Metrics) {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        match stream.read(&mut chunk).await {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (code, content_type, body) = if method == "GET" {
+        metrics.respond(path.split('?').next().unwrap_or(""))
+    } else {
+        (405, "text/plain", "only GET\n".into())
+    };
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let response = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 #[cfg(test)]

@@ -282,3 +282,38 @@ fn serve_keeps_serving_through_a_full_disk_and_recovers_by_itself() {
     wait_until("readyz 200", LIMIT, || http_get(&addr, "/readyz").is_some_and(|(c, _)| c == 200));
     assert!(serve.child.as_mut().unwrap().try_wait().unwrap().is_none(), "serve never exited");
 }
+
+#[test]
+fn a_flood_of_slow_metrics_clients_is_bounded_and_probes_still_answer() {
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let dir = env.path("dra");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    let pid = serve.child.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    let baseline = fds();
+    // 120 clients that each send one byte and then trickle nothing more.
+    let mut slow: Vec<std::net::TcpStream> = (0..120)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .inspect(|mut s| {
+            let _ = std::io::Write::write_all(&mut s, b"G");
+        })
+        .collect();
+    assert!(slow.len() > 100);
+    // The server holds at most a bounded number of them at a time...
+    for _ in 0..20 {
+        assert!(fds() <= baseline + drafs::metrics::MAX_CONNECTIONS + 4, "{} descriptors", fds());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ...answers an honest probe all the same...
+    wait_until("healthz through the flood", LIMIT, || http_get(&addr, "/healthz").is_some_and(|(c, _)| c == 200));
+    // ...and closes every slow client by itself.
+    for s in &mut slow {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut byte = [0u8; 1];
+        let n = std::io::Read::read(s, &mut byte).unwrap_or(0);
+        assert_eq!(n, 0, "a slow client was answered or kept open");
+    }
+    assert!(serve.child.as_mut().unwrap().try_wait().unwrap().is_none());
+}
