@@ -409,6 +409,10 @@ async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
         ),
         Backend::Files => TreeOutput::Files(AtomicDir::new(&out.dir)),
     };
+    let mount_id = match &tree_output {
+        TreeOutput::Fuse(m) => m.mount_id(),
+        TreeOutput::Files(_) => None,
+    };
     let mut publisher = Publisher::new(tree_output, out);
     if let Some(path) = &args.source.from_file {
         let res = resolve_file(&args.source, path, &sel)?;
@@ -428,18 +432,36 @@ async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
     let mut outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
     let mut engine = Engine::new(client, pod.clone(), deadline(args.select.timeout)).with_metrics(Some(metrics));
     let mut reconciler = Reconciler::new(Mode::Follow, pod, sel, out.require.clone());
-    // Serve has no end but a signal: drive only returns with an error.
-    let result = drive(&mut engine, &mut reconciler, Some(&mut outputs), false).await;
-    drop(engine);
-    let failure = match result {
-        Ok(_) => return Ok(()),
-        Err(e) => engine_failure(e, args.select.timeout),
+    // Serve has no end but a signal: drive only returns with an error, and the
+    // mount only goes away if someone removes it.
+    let failure = tokio::select! {
+        result = drive(&mut engine, &mut reconciler, Some(&mut outputs), false) => match result {
+            Ok(_) => return Ok(()),
+            Err(e) => engine_failure(e, args.select.timeout),
+        },
+        () = mount_lost(mount_id) => Failure::Failed(format!(
+            "the FUSE mount at {} was removed (drafs unmount, or by hand); exiting so that the kubelet restarts the sidecar",
+            out.dir.display()
+        )),
     };
+    drop(engine);
     let note =
         Note { warning: true, reason: events::NOT_READY, message: failure.to_string(), uid: reconciler.pod_uid() };
     outputs.events.record(note);
     outputs.events.finish().await;
     Err(failure)
+}
+
+/// Resolves when the FUSE mount `id` is no longer mounted (never for the files backend).
+async fn mount_lost(id: Option<u64>) {
+    let Some(id) = id else { return std::future::pending().await };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if !crate::fuse::is_mounted_id(id) {
+            return;
+        }
+    }
 }
 
 /// `probe`: one line on stdout, exit 0 when ready.

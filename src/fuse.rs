@@ -37,6 +37,73 @@ pub enum FuseError {
     Mount { dir: PathBuf, source: io::Error },
     #[error("cannot prepare mount point {dir}: {source}")]
     MountPoint { dir: PathBuf, source: io::Error },
+    #[error("a live drafs FUSE mount is already at {dir} (another drafs serve?); refusing to mount over it")]
+    AlreadyServed { dir: PathBuf },
+    #[error("{dir} is not a drafs FUSE mount ({what}); refusing to unmount it")]
+    NotOurs { dir: PathBuf, what: String },
+}
+
+/// One line of /proc/self/mountinfo, the parts drafs looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub id: u64,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    /// Mounted by drafs: a FUSE mount named `drafs` (the kernel shows the type as
+    /// `fuse`, or `fuse.drafs` where the subtype is kept).
+    pub fn is_drafs(&self) -> bool {
+        (self.fs_type == "fuse" || self.fs_type == "fuse.drafs") && self.source == "drafs"
+    }
+}
+
+/// Undo mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            out.push((bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parse mountinfo text (pure, for tests).
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let mut right = right.split(' ');
+            Some(MountEntry {
+                id: left.first()?.parse().ok()?,
+                mount_point: PathBuf::from(unescape(left.get(4)?)),
+                fs_type: right.next()?.to_string(),
+                source: unescape(right.next()?),
+            })
+        })
+        .collect()
+}
+
+/// The mount on top at `dir` (the last one listed for it), if any.
+pub fn top_mount(dir: &Path) -> Option<MountEntry> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == dir)
+}
+
+/// Whether the mount `id` is still mounted anywhere.
+pub fn is_mounted_id(id: u64) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| parse_mountinfo(&text).iter().any(|m| m.id == id))
 }
 
 type Current = Arc<RwLock<Arc<FsSnapshot>>>;
@@ -348,6 +415,8 @@ impl Filesystem for DraFs {
 /// A mounted tree. Dropping it unmounts (lazily if files are still open).
 pub struct FuseMount {
     dir: PathBuf,
+    /// This mount's id in /proc/self/mountinfo: what is unmounted, and watched, is this one.
+    mount_id: Option<u64>,
     current: Current,
     refs: Refs,
     inodes: InodeAllocator,
@@ -392,9 +461,11 @@ impl FuseMount {
             .name("drafs-inval".into())
             .spawn(move || notify_loop(notifier, rx))
             .map_err(|source| FuseError::Mount { dir: dir.to_path_buf(), source })?;
-        info!(dir = %dir.display(), "FUSE mounted");
+        let mount_id = top_mount(dir).filter(MountEntry::is_drafs).map(|m| m.id);
+        info!(dir = %dir.display(), mount_id, "FUSE mounted");
         Ok(FuseMount {
             dir: dir.to_path_buf(),
+            mount_id,
             current,
             refs,
             inodes: InodeAllocator::default(),
@@ -433,6 +504,11 @@ impl FuseMount {
         }
     }
 
+    /// This mount's id (to notice when it is gone).
+    pub fn mount_id(&self) -> Option<u64> {
+        self.mount_id
+    }
+
     /// Replaced nodes still kept for the kernel (for tests and metrics).
     pub fn retired_count(&self) -> usize {
         lock(&self.refs).retired.len()
@@ -446,9 +522,14 @@ impl Drop for FuseMount {
             let _ = t.join();
         }
         // The session unmounts on drop; if files are still open that fails with
-        // EBUSY and the lazy unmount below detaches the tree instead.
+        // EBUSY and the lazy unmount below detaches the tree instead, but only if
+        // the mount on top there is still this one (never another instance's).
         drop(self.session.take());
-        unmount(&self.dir);
+        if let Some(id) = self.mount_id
+            && top_mount(&self.dir).is_some_and(|m| m.id == id)
+        {
+            unmount(&self.dir);
+        }
     }
 }
 
@@ -487,6 +568,21 @@ pub fn is_stale_mount(dir: &Path) -> bool {
     rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
 }
 
+/// `drafs unmount`: unmount `dir` only if a drafs FUSE tree is mounted there.
+pub fn unmount_ours(dir: &Path) -> Result<(), FuseError> {
+    match top_mount(dir) {
+        Some(m) if m.is_drafs() => {
+            unmount(dir);
+            Ok(())
+        }
+        Some(m) => Err(FuseError::NotOurs { dir: dir.to_path_buf(), what: format!("{} from {}", m.fs_type, m.source) }),
+        None => {
+            info!(dir = %dir.display(), "nothing mounted");
+            Ok(())
+        }
+    }
+}
+
 /// Unmount `dir`: a plain unmount, or a lazy one if files are still open.
 pub fn unmount(dir: &Path) {
     let Some(path) = c_path(dir) else { return };
@@ -515,7 +611,29 @@ fn prepare_mount_point(dir: &Path) -> Result<(), FuseError> {
     if is_stale_mount(dir) {
         warn!(dir = %dir.display(), "clearing a stale FUSE mount left by an earlier instance");
         unmount(dir);
+    } else if top_mount(dir).is_some_and(|m| m.is_drafs()) {
+        return Err(FuseError::AlreadyServed { dir: dir.to_path_buf() });
     }
     std::fs::create_dir_all(dir).map_err(|source| FuseError::MountPoint { dir: dir.to_path_buf(), source })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let text = "22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
+            98 30 0:50 / /tmp/a\\040b/dra rw,nosuid,nodev,relatime - fuse.drafs drafs ro,user_id=0\n\
+            99 98 0:51 / /tmp/a\\040b/dra rw shared:7 - tmpfs tmpfs rw\n\
+            bad line\n";
+        let mounts = parse_mountinfo(text);
+        assert_eq!(mounts.len(), 3);
+        assert_eq!(mounts[1].mount_point, PathBuf::from("/tmp/a b/dra"));
+        assert!(mounts[1].is_drafs());
+        assert_eq!(mounts[1].id, 98);
+        assert!(!mounts[2].is_drafs());
+        assert_eq!(unescape("x\\011y\\\\"), "x\ty\\\\");
+    }
 }

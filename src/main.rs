@@ -45,8 +45,7 @@ fn main() {
                 Command::Serve(args) => app::serve(args).await,
                 Command::Probe(args) => app::probe(args),
                 Command::Unmount(args) => {
-                    drafs::fuse::unmount(&args.dir);
-                    Ok(())
+                    drafs::fuse::unmount_ours(&args.dir).map_err(|e| Failure::Failed(e.to_string()))
                 }
                 Command::Get(args) => app::get(args).await,
                 Command::Exec(args) => app::exec(args).await,

@@ -396,3 +396,43 @@ fn fuse_readers_never_see_a_value_that_was_not_published() {
     }
     assert!(total > 1000, "only {total} reads");
 }
+
+#[test]
+fn fuse_mounts_are_owned_one_serve_per_directory_and_unmount_only_touches_drafs() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut first = Serve::start(&env, &mnt, &[]);
+    first.wait_for(".ready", Some(""), LIMIT);
+
+    // A second instance on the same directory refuses, and the first keeps serving.
+    let out = env.run(&["serve", "--dir", mnt.to_str().unwrap(), "--timeout", "10s"], LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("a live drafs FUSE mount is already at"), "{}", stderr(&out));
+    assert_eq!(first.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
+
+    // `drafs unmount` leaves a mount that is not drafs's alone.
+    let plain = env.path("plain");
+    std::fs::create_dir(&plain).unwrap();
+    assert!(
+        std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "plain", plain.to_str().unwrap()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = env.run(&["unmount", "--dir", plain.to_str().unwrap()], LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not a drafs FUSE mount"), "{}", stderr(&out));
+    assert!(is_mounted(&plain), "the tmpfs is still mounted");
+    detach(&plain);
+
+    // Unmounted from outside: serve notices and exits so the kubelet restarts it.
+    let out = env.run(&["unmount", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = first.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("was removed"), "{}", stderr(&out));
+}
