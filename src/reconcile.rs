@@ -210,7 +210,25 @@ impl Reconciler {
             return step;
         }
         match input {
-            Input::Pod(pod) => self.on_pod(*pod, &mut step),
+            Input::Pod(pod) => {
+                // Defence in depth: the object must be the pod asked for.
+                let (name, namespace) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref());
+                if name != Some(self.pod_ref.name.as_str()) || namespace.is_some_and(|ns| ns != self.pod_ref.namespace) {
+                    let error = ApiError::Failed {
+                        verb: "get",
+                        resource: "pods".into(),
+                        scope: format!(" ({}/{})", self.pod_ref.namespace, self.pod_ref.name),
+                        message: format!(
+                            "the server answered with pod {}/{}",
+                            namespace.unwrap_or("?"),
+                            name.unwrap_or("?")
+                        ),
+                        code: None,
+                    };
+                    return self.handle(Input::PodFailed(error));
+                }
+                self.on_pod(*pod, &mut step)
+            }
             Input::PodFailed(error) => {
                 self.pod_pending = false;
                 if self.fatal(&error, &mut step) {
@@ -898,6 +916,18 @@ mod tests {
             "{:?}",
             step.done
         );
+    }
+
+    #[test]
+    fn a_pod_that_is_not_the_one_asked_for_is_not_used() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        let Input::Pod(mut other) = pod(&[("gpu", "c")], &[]) else { unreachable!() };
+        other.metadata.name = Some("someone-else".into());
+        let step = r.handle(Input::Pod(other));
+        assert!(matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO), "{:?}", step.actions);
+        assert!(step.warnings[0].contains("answered with pod ns/someone-else"), "{:?}", step.warnings);
+        assert_eq!(r.phase(), Phase::WaitingForPod);
     }
 
     #[test]

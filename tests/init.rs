@@ -603,6 +603,13 @@ fn bad_flags_exit_with_usage_code() {
     let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", "soon"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("invalid duration"));
+    // Out of range: a usage error, never an overflow panic.
+    for huge in ["18446744073709551615s", "18446744073709551615", "9999999999h"] {
+        let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", huge]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{huge}: {}", stderr(&out));
+        assert!(stderr(&out).contains("longer than the maximum"), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"));
+    }
 }
 
 #[test]
