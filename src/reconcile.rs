@@ -213,7 +213,8 @@ impl Reconciler {
             Input::Pod(pod) => {
                 // Defence in depth: the object must be the pod asked for.
                 let (name, namespace) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref());
-                if name != Some(self.pod_ref.name.as_str()) || namespace.is_some_and(|ns| ns != self.pod_ref.namespace) {
+                if name != Some(self.pod_ref.name.as_str()) || namespace.is_some_and(|ns| ns != self.pod_ref.namespace)
+                {
                     let error = ApiError::Failed {
                         verb: "get",
                         resource: "pods".into(),
@@ -925,7 +926,11 @@ mod tests {
         let Input::Pod(mut other) = pod(&[("gpu", "c")], &[]) else { unreachable!() };
         other.metadata.name = Some("someone-else".into());
         let step = r.handle(Input::Pod(other));
-        assert!(matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO), "{:?}", step.actions);
+        assert!(
+            matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO),
+            "{:?}",
+            step.actions
+        );
         assert!(step.warnings[0].contains("answered with pod ns/someone-else"), "{:?}", step.warnings);
         assert_eq!(r.phase(), Phase::WaitingForPod);
     }

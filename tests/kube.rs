@@ -21,6 +21,11 @@ fn assert_ok(out: &Output) {
     assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
 }
 
+/// Run a prepared drafs command to its end (with the safety limit), capturing its output.
+fn run(mut cmd: std::process::Command) -> Output {
+    wait_output(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), LIMIT)
+}
+
 /// Decode every standard-view file under `metadata_dir` with the upstream Go
 /// decoder and compare it with the tree's `.json`.
 fn assert_upstream_decodes(cp: &ControlPlane, metadata_dir: &std::path::Path, tree_json: &std::path::Path) {
@@ -42,22 +47,15 @@ fn init_in_pod_template_claim_tree_and_standard_view() {
     sc.create_all();
     let dir = sc.path("dra");
     let meta = sc.path("meta");
-    let out = wait_output(
-        sc.in_pod_command(&[
-            "init",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--metadata-dir",
-            meta.to_str().unwrap(),
-            "--timeout",
-            "60s",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap(),
-        LIMIT,
-    );
+    let out = run(sc.in_pod_command(&[
+        "init",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--metadata-dir",
+        meta.to_str().unwrap(),
+        "--timeout",
+        "60s",
+    ]));
     assert_ok(&out);
     let tree = read_tree(&dir);
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
@@ -94,14 +92,7 @@ fn init_records_a_normal_event_the_api_server_accepts() {
     let mut sc = Scenario::from_fixture(cp, &read("examples/vm-passthrough.yaml"));
     sc.create_all();
     let dir = sc.path("dra");
-    let out = wait_output(
-        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s", "--events=all"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-        LIMIT,
-    );
+    let out = run(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s", "--events=all"]));
     assert_ok(&out);
     let tree = read_tree(&dir);
     assert_eq!(tree["passthrough/pgpu/0/resource.kubernetes.io/pciBusID"], "0000:af:00.0", "{tree:?}");
@@ -184,14 +175,8 @@ fn network_attached_device_prioritized_list_and_list_attributes() {
     sc.create_all();
     let dir = sc.path("dra");
     let meta = sc.path("meta");
-    let out = wait_output(
-        sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-        LIMIT,
-    );
+    let out =
+        run(sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()]));
     assert_ok(&out);
     let tree = read_tree(&dir);
     assert_eq!(tree["accel/accel/0/.request"], "accel/large", "{tree:?}");
@@ -210,14 +195,8 @@ fn list_typed_attributes_and_network_status_in_the_standard_view() {
     sc.create_all();
     let dir = sc.path("dra");
     let meta = sc.path("meta");
-    let out = wait_output(
-        sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-        LIMIT,
-    );
+    let out =
+        run(sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()]));
     assert_ok(&out);
     let tree = read_tree(&dir);
     assert_eq!(tree["nics/rdma/0/resource.kubernetes.io/numaNode"], "1");
@@ -243,14 +222,7 @@ fn a_missing_rbac_verb_fails_at_once_with_the_403_message() {
     sc.create_all_after_rbac();
     let dir = sc.path("dra");
     let started = std::time::Instant::now();
-    let out = wait_output(
-        sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-        LIMIT,
-    );
+    let out = run(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "90s"]));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(started.elapsed() < Duration::from_secs(60), "a 403 must not wait for the deadline");
     let err = stderr(&out);
@@ -266,38 +238,24 @@ fn get_from_a_kubeconfig_and_exec_against_the_api() {
     let Some(cp) = controlplane::shared() else { return };
     let mut sc = Scenario::from_fixture(cp, &read("examples/rdma-network.yaml"));
     sc.create_all();
-    let out = wait_output(
-        sc.kubeconfig_command(&["get", "-o", "json"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-        LIMIT,
-    );
+    let out = run(sc.kubeconfig_command(&["get", "-o", "json"]));
     assert_ok(&out);
     let got: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(got["ready"], true);
     assert_eq!(got["claims"][0]["devices"][0]["status"]["interfaceName"], "net1");
     assert_eq!(got["claims"][0]["devices"][1]["attributes"]["dra.net/ifName"]["string"], "ens1f0np0");
 
-    let out = wait_output(
-        sc.kubeconfig_command(&[
-            "exec",
-            "--env",
-            "IFACES=nics/rdma/.status/interfaceName",
-            "--env",
-            "MTU=nics/rdma/0/mtu",
-            "--",
-            "sh",
-            "-c",
-            "printf '%s|%s' \"$IFACES\" \"$MTU\"",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap(),
-        LIMIT,
-    );
+    let out = run(sc.kubeconfig_command(&[
+        "exec",
+        "--env",
+        "IFACES=nics/rdma/.status/interfaceName",
+        "--env",
+        "MTU=nics/rdma/0/mtu",
+        "--",
+        "sh",
+        "-c",
+        "printf '%s|%s' \"$IFACES\" \"$MTU\"",
+    ]));
     assert_ok(&out);
     assert_eq!(stdout(&out), "net1,net2|9000");
 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fuzz drafs's input handling: `fuzz/run.sh [SECONDS]` runs each target
+# (resolve_tree, inject, decode) for SECONDS (default 60) with cargo fuzz, seeded
+# from the project's examples. Needs cargo-fuzz (`cargo install cargo-fuzz`);
+# RUSTC_BOOTSTRAP lets the stable toolchain take cargo fuzz's -Z flags.
+set -euo pipefail
+cd "$(dirname "$0")"
+secs="${1:-60}"
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+export RUSTC_BOOTSTRAP=1
+mkdir -p corpus/resolve_tree corpus/inject corpus/decode
+cp ../examples/*.yaml corpus/resolve_tree/
+cp ../examples/*.yaml ../tests/inject/*.yaml corpus/inject/
+python3 - <<'PY'
+import json, pathlib
+slice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+         "spec": {"driver": "gpu.example.com", "nodeName": "n", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": "g1", "attributes": {"uuid": {"string": "U"}}}, {"name": "g2"}]}}
+pathlib.Path("corpus/decode/slice.json").write_text(json.dumps(slice))
+claim = {"metadata": {"name": "c"}, "spec": {}, "status": {"allocation": {"devices": {"results": [
+    {"request": "r", "driver": "d", "pool": "p", "device": "x"}]}}, "devices": [
+    {"driver": "d", "pool": "p", "device": "x", "data": {"a": {"b": [1, 2]}}, "networkData": {"interfaceName": "eth0"}}]}}
+pathlib.Path("corpus/decode/claim.json").write_text(json.dumps(claim))
+PY
+for target in resolve_tree inject decode; do
+    echo "== $target for ${secs}s"
+    cargo fuzz run --release "$target" "corpus/$target" -- -max_total_time="$secs" -rss_limit_mb=2048 2>&1 | tail -n 4
+done
