@@ -156,13 +156,18 @@ struct Publisher {
 
 impl Publisher {
     fn new(tree: TreeOutput, args: &OutputArgs) -> Self {
-        Publisher { tree, metadata: args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::default())) }
+        // Generations go on from what is in the directory (a restart, or serve after init).
+        let metadata = args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::read_back(d)));
+        Publisher { tree, metadata }
     }
 
     /// Write every output; one that fails does not keep the others from being written.
     fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), PublishError> {
         let mut failed = None;
-        if let Some((dir, generations)) = &mut self.metadata {
+        // The standard view is written only when complete, like the kubelet's
+        // files: until then, and when a device drops out later, the last
+        // complete files stay.
+        if let Some((dir, generations)) = self.metadata.as_mut().filter(|_| res.is_complete()) {
             let mut warnings = Vec::new();
             let view = metadata::build(res, generations, &mut warnings);
             for w in warnings {
@@ -213,6 +218,11 @@ impl Outputs {
     }
 
     async fn publish(&mut self, publication: Publication) -> Result<(), PublishError> {
+        let built = &publication.built;
+        if !built.is_ready() {
+            // Not ready is true already before the files are written; ready only after.
+            self.metrics.tree_published(false, built.tree.len(), &built.missing);
+        }
         let Some(mut publisher) = self.publisher.take() else { return Err(PublishError::WriterGone) };
         let (publisher, publication, result) = tokio::task::spawn_blocking(move || {
             let result = publisher.publish(&publication.resolution, &publication.built);

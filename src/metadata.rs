@@ -15,13 +15,47 @@ use crate::tree::Tree;
 
 pub const API_VERSIONS: [&str; 2] = ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
 
-/// Per-file generation counters: start at 1, grow whenever a file's content changes.
+/// Per-file generation counters: start at 1, grow whenever a file's content
+/// changes, and continue from what is already in the directory (a restarted
+/// sidecar, or `serve` after `init`, goes on counting, as the kubelet plugin
+/// helper does).
 #[derive(Debug, Default, Clone)]
 pub struct Generations {
     last: HashMap<String, (Value, i64)>,
 }
 
 impl Generations {
+    /// Read back the generation and content of every file under `dir`.
+    pub fn read_back(dir: &std::path::Path) -> Self {
+        let mut out = Generations::default();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else { continue };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("..") && d == dir {
+                    continue; // payload directories: the visible paths lead there
+                }
+                if path.is_dir() {
+                    stack.push(path);
+                } else if name.ends_with("-metadata.json")
+                    && let Ok(text) = std::fs::read_to_string(&path)
+                    && let Some(first) = text.lines().next()
+                    && let Ok(doc) = serde_json::from_str::<Value>(first)
+                    && let (Some(generation), Ok(rel)) =
+                        (doc["metadata"]["generation"].as_i64(), path.strip_prefix(dir))
+                {
+                    let pod_claim = doc.get("podClaimName").cloned().unwrap_or(Value::Null);
+                    let m = &doc["metadata"];
+                    let content = json!([m["name"], m["namespace"], m["uid"], pod_claim, doc["requests"]]);
+                    out.last.insert(rel.to_string_lossy().into_owned(), (content, generation));
+                }
+            }
+        }
+        out
+    }
+
     fn next(&mut self, path: &str, content: &Value) -> i64 {
         match self.last.get_mut(path) {
             Some((old, generation)) if old == content => *generation,
@@ -39,10 +73,15 @@ impl Generations {
 }
 
 fn device_metadata(device: &ResolvedDevice) -> Value {
+    // As drivers write them: the driver's own domain unqualified (`mdevUUID`,
+    // which KubeVirt looks up as is), other domains qualified.
     let attributes: serde_json::Map<String, Value> = device
         .attributes
-        .values()
-        .map(|a| (a.key.clone(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
+        .iter()
+        .map(|(name, a)| {
+            let key = if name.domain == device.driver { name.name.clone() } else { name.to_string() };
+            (key, serde_json::to_value(&a.value).unwrap_or(Value::Null))
+        })
         .collect();
     let mut out = json!({
         "driver": device.driver,
@@ -187,7 +226,7 @@ spec:
         assert_eq!(docs[0]["podClaimName"], Value::Null);
         let device = &docs[0]["requests"][0]["devices"][0];
         assert_eq!(device["attributes"]["resource.kubernetes.io/pciBusID"], json!({"string": "0000:af:00.0"}));
-        assert_eq!(device["attributes"]["uuid"], json!({"string": "A"}), "keys stay as the slice wrote them");
+        assert_eq!(device["attributes"]["uuid"], json!({"string": "A"}), "the driver's domain unqualified");
 
         let templ =
             std::str::from_utf8(tree.get("resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json").unwrap())
@@ -206,5 +245,46 @@ spec:
             std::str::from_utf8(next.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
         let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(doc["metadata"]["generation"], 2);
+
+        // Another process on the same directory goes on counting from it.
+        let dir = tempfile_dir();
+        crate::files::AtomicDir::new(&dir).write(&next).unwrap();
+        let mut read_back = Generations::read_back(&dir);
+        let same = build(&changed, &mut read_back, &mut warnings);
+        assert_eq!(same, next, "same content: the generation read back, not 1");
+        let again = build(&res, &mut read_back, &mut warnings);
+        let text = std::str::from_utf8(again.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap())
+            .unwrap();
+        let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(doc["metadata"]["generation"], 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn keys_of_other_domains_stay_qualified() {
+        let text = TEXT.replace(
+            "uuid: {string: A}",
+            "uuid: {string: A}, other.example.com/x: {int: 1}, gpu.example.com/mdevUUID: {string: M}",
+        );
+        let snap = FileObjects::parse("t", &text).unwrap().into_snapshot("t", None).unwrap();
+        let res = resolve(&snap, &Selection::default());
+        let tree = build(&res, &mut Generations::default(), &mut vec![]);
+        let direct =
+            std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        let doc: Value = serde_json::from_str(direct.lines().next().unwrap()).unwrap();
+        let attrs = &doc["requests"][0]["devices"][0]["attributes"];
+        assert_eq!(attrs["mdevUUID"], json!({"string": "M"}), "KubeVirt looks up mdevUUID as is");
+        assert_eq!(attrs["other.example.com/x"], json!({"int": 1}));
+        assert!(attrs.get("gpu.example.com/mdevUUID").is_none());
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "drafs-metadata-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
     }
 }

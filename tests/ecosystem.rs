@@ -167,9 +167,9 @@ fn metrics_and_health_endpoints() {
         Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr, "--require", "nics/rdma/0/serial"]);
     wait_until("the metrics endpoint", LIMIT, || http_get(&addr, "/healthz").is_some_and(|(c, _)| c == 200));
     wait_until("a first tree", LIMIT, || dir.join(".json").exists());
-    let (code, body) = http_get(&addr, "/readyz").unwrap();
-    assert_eq!(code, 503);
-    assert!(body.contains("nics/rdma/0/serial"), "{body}");
+    wait_until("readyz 503 naming the missing path", LIMIT, || {
+        http_get(&addr, "/readyz").is_some_and(|(code, body)| code == 503 && body.contains("nics/rdma/0/serial"))
+    });
     let metrics = http_get(&addr, "/metrics").unwrap().1;
     assert_eq!(sample(&metrics, "drafs_ready"), Some(0.0), "{metrics}");
     assert!(!metrics.contains("drafs_time_to_ready_seconds "));

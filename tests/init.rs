@@ -203,7 +203,7 @@ fn metadata_view_matches_the_standard_layout() {
     assert_eq!(devices[0]["name"], "pci-0000-c1-00-0");
     assert_eq!(devices[0]["driver"], "dra.net");
     assert_eq!(devices[0]["pool"], "node-rdma-02");
-    assert_eq!(devices[0]["attributes"]["dra.net/ifName"], json!({"string": "ens3f0np0"}));
+    assert_eq!(devices[0]["attributes"]["ifName"], json!({"string": "ens3f0np0"}), "the driver's domain unqualified");
     assert_eq!(devices[0]["attributes"]["resource.kubernetes.io/numaNode"], json!({"ints": [1]}));
     assert_eq!(
         devices[1]["networkData"],

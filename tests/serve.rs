@@ -436,3 +436,34 @@ fn fuse_mounts_are_owned_one_serve_per_directory_and_unmount_only_touches_drafs(
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("was removed"), "{}", stderr(&out));
 }
+
+#[test]
+fn the_standard_view_behaves_like_the_kubelets_across_processes() {
+    let (api, env) = rdma();
+    let meta = env.path("meta");
+    let meta_arg = meta.to_str().unwrap().to_string();
+    let file = meta.join("resourceclaimtemplates/nics/rdma/dra.net-metadata.json");
+    let generation = || -> i64 {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        doc["metadata"]["generation"].as_i64().unwrap()
+    };
+    let out = env.run(&["init", "--dir", env.path("init").to_str().unwrap(), "--metadata-dir", &meta_arg], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(generation(), 1);
+    // serve after init on the same directory: nothing changed, the generation stays.
+    let dir = env.path("dra");
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metadata-dir", &meta_arg]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert_eq!(generation(), 1, "a new process does not restart the count");
+    // A change: the generation grows.
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    wait_until("generation 2", LIMIT, || generation() == 2);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("\"ifName\":{\"string\":\"ens9\"}"), "driver-domain keys unqualified: {text}");
+    // The slice goes: the tree loses the values, the standard view keeps the last complete file.
+    api.delete("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l");
+    serve.wait_for(".ready", None, LIMIT);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), text, "never removed or emptied while the pod holds the claim");
+}
