@@ -577,6 +577,13 @@ pub fn inject(args: &InjectArgs) -> Result<(), Failure> {
     std::io::stdout().write_all(out.as_bytes()).map_err(|e| Failure::Failed(format!("cannot write stdout: {e}")))
 }
 
+/// `manifests rbac`: the RBAC for one namespace, on stdout.
+pub fn manifests_rbac(args: &crate::cli::RbacArgs) -> Result<(), Failure> {
+    let docs = crate::manifests::rbac(&args.namespace, &args.service_account, args.events);
+    let text = crate::manifests::to_yaml(&docs).map_err(|e| Failure::Failed(format!("cannot write YAML: {e}")))?;
+    std::io::stdout().write_all(text.as_bytes()).map_err(|e| Failure::Failed(format!("cannot write stdout: {e}")))
+}
+
 /// `copy-self`: install this binary as DIR/drafs (atomically, mode 0755).
 ///
 /// The directory is shared with other containers, so nothing in it is

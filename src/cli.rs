@@ -61,6 +61,9 @@ pub enum Command {
     Exec(ExecArgs),
     /// Copy this static binary into a directory (a shared emptyDir), to use as an entrypoint wrapper.
     CopySelf(CopySelfArgs),
+    /// Print Kubernetes manifests drafs needs (`drafs manifests rbac --namespace NS | kubectl apply -f -`).
+    #[command(subcommand)]
+    Manifests(ManifestsCommand),
     /// Add drafs to Pod/Deployment/StatefulSet/Job/DaemonSet YAML read on stdin; print the result.
     Inject(InjectArgs),
     /// Resolve once and print the devices and their attributes.
@@ -98,6 +101,34 @@ pub struct ExecArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ManifestsCommand {
+    /// The least-privilege RBAC for drafs in one namespace (installing it for several never collides).
+    Rbac(RbacArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// The namespace of the pods that run drafs.
+    #[arg(long, short = 'n', value_parser = parse_namespace)]
+    pub namespace: String,
+    /// The service account the pods run drafs as.
+    #[arg(long, default_value = "drafs", value_parser = parse_namespace)]
+    pub service_account: String,
+    /// Also let drafs record Events on its pod (create events), for `kubectl describe pod`.
+    #[arg(long)]
+    pub events: bool,
+}
+
+/// A DNS label, as namespace and service account names are.
+fn parse_namespace(text: &str) -> Result<String, String> {
+    if crate::names::is_dns_label(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a valid name (a DNS label: lowercase letters, digits and '-', at most 63)"))
+    }
 }
 
 #[derive(Debug, Args)]

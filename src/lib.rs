@@ -10,6 +10,7 @@ pub mod fsmodel;
 pub mod fuse;
 pub mod inject;
 pub mod layout;
+pub mod manifests;
 pub mod metadata;
 pub mod metrics;
 pub mod names;

@@ -5,7 +5,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use drafs::app::{self, Failure};
-use drafs::cli::{Cli, Command, LogFormat};
+use drafs::cli::{Cli, Command, LogFormat, ManifestsCommand};
 
 fn init_tracing(format: LogFormat, default_level: &str) {
     // DRAFS_LOG wins over RUST_LOG; both take tracing's env-filter syntax.
@@ -26,7 +26,7 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Get(_) | Command::Probe(_) | Command::Exec(_) => "warn",
+        Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) => "warn",
         _ => "info",
     };
     init_tracing(cli.global.log_format, default_level);
@@ -51,6 +51,7 @@ fn main() {
                 Command::Exec(args) => app::exec(args).await,
                 Command::CopySelf(args) => app::copy_self(args),
                 Command::Inject(args) => app::inject(args),
+                Command::Manifests(ManifestsCommand::Rbac(args)) => app::manifests_rbac(args),
             }
         };
         // On a signal the command's future is dropped, which unmounts a FUSE tree.

@@ -414,3 +414,43 @@ fn every_example_manifest_is_accepted_by_the_api_server() {
     assert!(checked > 20, "only {checked} objects checked");
     assert!(failures.is_empty(), "the API server refuses:\n{}", failures.join("\n"));
 }
+
+#[test]
+fn rbac_from_drafs_manifests_for_two_namespaces_works_in_both() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut scenarios = Vec::new();
+    for _ in 0..2 {
+        let mut sc = Scenario::from_fixture(cp, &read("examples/gpu-training.yaml"));
+        let out = std::process::Command::new(drafs_bin())
+            .args(["manifests", "rbac", "--namespace", &sc.namespace, "--events"])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        // Applied as printed: every object but the shared ClusterRole is created new
+        // (a name used by the other namespace's install would be refused with 409).
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": sc.namespace}}));
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": sc.namespace}}));
+        for doc in yaml_docs(&stdout(&out)) {
+            if doc["kind"] == "ClusterRole" {
+                cp.ensure(&doc);
+            } else {
+                cp.create(&doc);
+            }
+        }
+        sc.create_all_after_rbac();
+        scenarios.push(sc);
+    }
+    for sc in &scenarios {
+        let dir = sc.path("dra");
+        let out = run(sc.kubeconfig_command(&["init", "--dir", dir.to_str().unwrap(), "--events=all"]));
+        assert_ok(&out);
+        assert!(!stderr(&out).contains("cannot create events"), "{}", stderr(&out));
+        assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+        // Each namespace's binding is its own, untouched by the other's install.
+        let binding = cp
+            .get(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": format!("drafs-resourceslices-{}", sc.namespace)}}))
+            .expect("the namespace's ClusterRoleBinding");
+        assert_eq!(binding["subjects"][0]["namespace"], json!(sc.namespace));
+    }
+}
