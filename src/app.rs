@@ -569,6 +569,9 @@ pub fn inject(args: &InjectArgs) -> Result<(), Failure> {
     for outcome in outcomes {
         match outcome {
             inject::Outcome::Injected(what) => info!("{what}: drafs added"),
+            inject::Outcome::InjectedKeepingAccount { what, account } => warn!(
+                "{what}: drafs added; the pod keeps its service account {account:?}, which needs drafs's RBAC (drafs manifests rbac --namespace NS --service-account {account}), and its token stays mounted in every container"
+            ),
             inject::Outcome::AlreadyInjected(what) => info!("{what}: already has drafs, unchanged"),
             inject::Outcome::NoClaims(what) => warn!("{what}: no resourceClaims, unchanged"),
             inject::Outcome::NotAWorkload(_) => {}

@@ -9,6 +9,19 @@ use serde_json::{Value, json};
 pub const CONTAINER: &str = "drafs";
 const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
+const TOKEN_VOLUME: &str = "drafs-token";
+/// Where a pod's service-account credentials are expected (in-cluster config).
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The service-account credentials as the kubelet would mount them (a bound
+/// token, the cluster CA, the namespace), for the drafs container alone.
+fn token_volume(name: &str) -> Value {
+    json!({"name": name, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}})
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
@@ -58,6 +71,11 @@ pub struct Options {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Injected(String),
+    /// Injected; the pod keeps its own service account, which needs drafs's RBAC.
+    InjectedKeepingAccount {
+        what: String,
+        account: String,
+    },
     AlreadyInjected(String),
     NoClaims(String),
     NotAWorkload(String),
@@ -144,8 +162,15 @@ fn array<'a>(spec: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
     entry.as_array_mut().expect("just made an array")
 }
 
-/// Inject into one pod spec; returns false when drafs is there already.
-fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
+/// What injecting into one pod spec did.
+enum Injected {
+    Done,
+    KeptAccount(String),
+    AlreadyThere,
+}
+
+/// Inject into one pod spec.
+fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
     if !has_claims {
         return Err(Skip::NoClaims);
@@ -154,7 +179,7 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
         .iter()
         .any(|k| spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER)));
     if already {
-        return Ok(false);
+        return Ok(Injected::AlreadyThere);
     }
     // Something of the pod's own mounted where the tree goes would hide it.
     for key in ["initContainers", "containers"] {
@@ -173,9 +198,14 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
     let existing: Vec<Value> = spec.get("volumes").and_then(Value::as_array).cloned().unwrap_or_default();
     let volume = free_volume_name(&existing, VOLUME);
     let fuse_volume = free_volume_name(&existing, FUSE_VOLUME);
+    let token_volume_name = free_volume_name(&existing, TOKEN_VOLUME);
     let map = spec.as_object_mut().expect("pod spec is an object");
-    if map.get("serviceAccountName").and_then(Value::as_str).is_none_or(str::is_empty) {
+    // When drafs brings the service account, only drafs gets its credentials:
+    // no token is mounted into the app's containers.
+    let own_account = map.get("serviceAccountName").and_then(Value::as_str).is_none_or(str::is_empty);
+    if own_account {
         map.insert("serviceAccountName".into(), json!("drafs"));
+        map.insert("automountServiceAccountToken".into(), json!(false));
     }
     let mount = match opts.mode {
         Mode::SidecarFuse => {
@@ -190,7 +220,12 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
             }
         }
     }
-    array(spec, "initContainers").insert(0, drafs_container(opts, &volume, &fuse_volume));
+    let mut container = drafs_container(opts, &volume, &fuse_volume);
+    if own_account {
+        array(&mut container, "volumeMounts")
+            .push(json!({"name": token_volume_name, "mountPath": TOKEN_PATH, "readOnly": true}));
+    }
+    array(spec, "initContainers").insert(0, container);
     let volumes = array(spec, "volumes");
     let dra_volume = match opts.mode {
         Mode::SidecarFuse => json!({"name": volume, "emptyDir": {}}),
@@ -200,7 +235,12 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<bool, Skip> {
     if opts.mode == Mode::SidecarFuse {
         volumes.push(json!({"name": fuse_volume, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
     }
-    Ok(true)
+    if own_account {
+        volumes.push(token_volume(&token_volume_name));
+        Ok(Injected::Done)
+    } else {
+        Ok(Injected::KeptAccount(spec["serviceAccountName"].as_str().unwrap_or_default().to_string()))
+    }
 }
 
 /// `/dra` and `/dra/` are the same mount path.
@@ -222,8 +262,9 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
     let outcome = match pod_spec(doc) {
         None => Outcome::NotAWorkload(what),
         Some(spec) => match inject_spec(spec, opts) {
-            Ok(true) => Outcome::Injected(what),
-            Ok(false) => Outcome::AlreadyInjected(what),
+            Ok(Injected::Done) => Outcome::Injected(what),
+            Ok(Injected::KeptAccount(account)) => Outcome::InjectedKeepingAccount { what, account },
+            Ok(Injected::AlreadyThere) => Outcome::AlreadyInjected(what),
             Err(Skip::NoClaims) => Outcome::NoClaims(what),
             Err(Skip::MountPathTaken { container, volume }) => {
                 return Err(InjectError::MountPathTaken { what, container, volume, path: opts.dir.clone() });
@@ -291,6 +332,26 @@ spec:
         assert_eq!(spec["containers"][0]["volumeMounts"][0]["mountPropagation"], "HostToContainer");
         assert!(spec["containers"][1].get("volumeMounts").is_none(), "containers without claims are untouched");
         assert_eq!(spec["volumes"][1]["hostPath"]["path"], "/dev/fuse");
+        // Credentials only for drafs: no automounted token, a projected one in drafs alone.
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert_eq!(spec["volumes"][2]["name"], "drafs-token");
+        let drafs_mounts = spec["initContainers"][0]["volumeMounts"].as_array().unwrap();
+        assert!(drafs_mounts.iter().any(|m| m["name"] == "drafs-token"
+            && m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+            && m["readOnly"] == true));
+        for c in spec["containers"].as_array().unwrap() {
+            let mounts = c.get("volumeMounts").and_then(Value::as_array).cloned().unwrap_or_default();
+            assert!(mounts.iter().all(|m| m["name"] != "drafs-token"), "the app gets no credentials");
+        }
+        // A pod with its own service account keeps it and its automount, with a warning.
+        let own =
+            DEPLOYMENT.replace("      resourceClaims:", "      serviceAccountName: trainer\n      resourceClaims:");
+        let (out, outcomes) = inject(&own, &opts(Mode::Init)).unwrap();
+        assert_eq!(
+            outcomes,
+            vec![Outcome::InjectedKeepingAccount { what: "Deployment trainer".into(), account: "trainer".into() }]
+        );
+        assert!(!out.contains("automountServiceAccountToken") && !out.contains("drafs-token"), "{out}");
         // Keys keep their order: apiVersion stays first.
         assert!(out.starts_with("apiVersion: apps/v1\nkind: Deployment\n"), "{out}");
     }
@@ -327,7 +388,7 @@ spec:
         let spec = &doc["spec"]["template"]["spec"];
         let names: Vec<&str> =
             spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
-        assert_eq!(names, vec!["dra", "dev-fuse", "dra-1", "dev-fuse-1"], "no duplicate volume names");
+        assert_eq!(names, vec!["dra", "dev-fuse", "dra-1", "dev-fuse-1", "drafs-token"], "no duplicate volume names");
         assert_eq!(spec["initContainers"][0]["volumeMounts"][0]["name"], "dra-1");
         assert_eq!(spec["initContainers"][0]["volumeMounts"][1]["name"], "dev-fuse-1");
         assert_eq!(spec["containers"][0]["volumeMounts"][0]["name"], "dra-1");

@@ -454,3 +454,47 @@ fn rbac_from_drafs_manifests_for_two_namespaces_works_in_both() {
         assert_eq!(binding["subjects"][0]["namespace"], json!(sc.namespace));
     }
 }
+
+#[test]
+fn an_injected_pod_gives_credentials_to_drafs_alone() {
+    let Some(cp) = controlplane::shared() else { return };
+    let ns = support::cluster::unique("inject");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac", "--namespace", &ns]).output().unwrap();
+    for doc in yaml_docs(&stdout(&out)) {
+        cp.ensure(&doc);
+    }
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: trainer, namespace: {ns}}}\nspec:\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: single-gpu}}]\n  containers:\n  - name: app\n    image: registry.example/app:1\n    resources: {{claims: [{{name: gpu}}]}}\n"
+    );
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", "sidecar-files", "--image", "registry.example/drafs:test"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), pod.as_bytes()).unwrap();
+    let out = wait_output(child, LIMIT);
+    assert_ok(&out);
+    let injected = yaml_docs(&stdout(&out)).remove(0);
+    // Created for real: the ServiceAccount admission plugin decides what each container gets.
+    let stored = cp.create(&injected);
+    let spec = &stored["spec"];
+    assert_eq!(spec["serviceAccountName"], "drafs");
+    let mounts = |c: &Value| -> Vec<String> {
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["mountPath"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let sa_path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let drafs = spec["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == "drafs").unwrap();
+    assert!(mounts(drafs).contains(&sa_path.to_string()), "{drafs}");
+    let app = spec["containers"].as_array().unwrap().iter().find(|c| c["name"] == "app").unwrap();
+    assert!(!mounts(app).iter().any(|m| m.starts_with(sa_path)), "the app got credentials: {app}");
+    let volumes = spec["volumes"].as_array().unwrap();
+    assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
+}
