@@ -543,6 +543,14 @@ pub async fn get(args: &GetArgs) -> Result<(), Failure> {
 /// `exec`: set the variables and replace this process with the command.
 pub async fn exec(args: &ExecArgs) -> Result<(), Failure> {
     let vars = match &args.from_dir {
+        // No tree there is a mistake (a wrong path, a missing mount), not a missing value.
+        Some(dir) if !dir.join(layout::RECORD).exists() => {
+            return Err(Failure::Failed(format!(
+                "no drafs tree at {} (no {} there): check --from-dir and that the volume is mounted",
+                dir.display(),
+                layout::RECORD
+            )));
+        }
         Some(dir) => envvars::values(&args.env, &envvars::DirSource(dir.clone()), args.optional),
         None => {
             let res = resolve_once(&args.source, &args.select).await?;

@@ -88,7 +88,14 @@ impl FileObjects {
         Ok(out)
     }
 
+    /// Read a file; `-` is standard input (`kubectl get ... -o yaml | drafs get --from-file -`).
     pub fn read(path: &Path) -> Result<Self, LoadError> {
+        if path == Path::new("-") {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|source| LoadError::Read { path: "standard input".into(), source })?;
+            return Self::parse("standard input", &text);
+        }
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: shown.clone(), source })?;
         Self::parse(&shown, &text)

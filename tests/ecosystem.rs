@@ -317,3 +317,31 @@ fn a_flood_of_slow_metrics_clients_is_bounded_and_probes_still_answer() {
     }
     assert!(serve.child.as_mut().unwrap().try_wait().unwrap().is_none());
 }
+
+#[test]
+fn messages_for_a_missing_tree_and_stdin_input() {
+    // exec from a directory with no tree: says so, even with --optional.
+    for optional in [false, true] {
+        let mut args = vec!["exec", "--from-dir", "/nonexistent/dra", "--env", "U=gpu/gpu/0/uuid"];
+        if optional {
+            args.push("--optional");
+        }
+        args.extend(["--", "true"]);
+        let out = std::process::Command::new(drafs_bin()).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains("no drafs tree at /nonexistent/dra"), "{}", stderr(&out));
+    }
+    // --from-file - reads standard input.
+    use std::io::Write;
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(["get", "--from-file", "-", "-o", "json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(read("examples/gpu-training.yaml").as_bytes()).unwrap();
+    let out = wait_output(child, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"));
+}
