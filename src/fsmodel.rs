@@ -266,8 +266,11 @@ pub fn invalidations(old: &FsSnapshot, new: &FsSnapshot) -> Vec<Invalidation> {
                     out.push(Invalidation::Entry { parent: *ino, name: name.clone() });
                 }
             }
+            // Only names that are gone are deleted. A name that now leads to
+            // another inode (a changed value) is only invalidated (above): a
+            // deletion would leave a moment in which an open() finds no file.
             for (name, child) in &before.children {
-                if node.children.get(name) != Some(child) {
+                if !node.children.contains_key(name) {
                     out.push(Invalidation::Deleted { parent: *ino, child: *child, name: name.clone() });
                 }
             }
@@ -337,9 +340,10 @@ mod tests {
         let dev = path_ino(&a, "gpu/gpu/0");
         assert_eq!(path_ino(&b, "gpu/gpu/0"), dev, "directories keep their inode");
         let inv = invalidations(&a, &b);
-        // The name now leads to another inode: the kernel forgets the old entry.
-        assert!(inv.contains(&Invalidation::Deleted { parent: dev, child: uuid, name: "uuid".into() }));
+        // The name now leads to another inode: the kernel forgets the old entry,
+        // without ever being told the name is gone (an open() would fail then).
         assert!(inv.contains(&Invalidation::Entry { parent: dev, name: "uuid".into() }));
+        assert!(!inv.iter().any(|i| matches!(i, Invalidation::Deleted { name, .. } if name == "uuid")));
         assert!(!inv.iter().any(|i| matches!(i, Invalidation::Entry { name, .. } if name == "bus")));
         assert!(inv.contains(&Invalidation::Entry { parent: dev, name: "new".into() }));
         let ready = path_ino(&a, ".ready");

@@ -368,12 +368,15 @@ fn fuse_readers_never_see_a_value_that_was_not_published() {
             std::thread::spawn(move || {
                 let (mut reads, mut torn) = (0u64, Vec::new());
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    if let Ok(bytes) = std::fs::read(&file) {
-                        reads += 1;
-                        let text = String::from_utf8_lossy(&bytes).into_owned();
-                        if !values.contains(&text) && torn.len() < 10 {
-                            torn.push(text);
-                        }
+                    // Every open succeeds (a changed value never looks absent) and
+                    // every read is one whole published value.
+                    let seen = match std::fs::read(&file) {
+                        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                        Err(e) => format!("open or read failed: {e}"),
+                    };
+                    reads += 1;
+                    if !values.contains(&seen) && torn.len() < 10 {
+                        torn.push(seen);
                     }
                 }
                 (reads, torn)
@@ -466,4 +469,46 @@ fn the_standard_view_behaves_like_the_kubelets_across_processes() {
     api.delete("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l");
     serve.wait_for(".ready", None, LIMIT);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), text, "never removed or emptied while the pod holds the claim");
+}
+
+#[test]
+fn fuse_opens_never_fail_while_every_value_changes() {
+    if !require_fuse() {
+        return;
+    }
+    let api = api_for("ml");
+    eight_device_pod(&api);
+    eight_device_slice(&api, 0);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start(&env, &mnt, &[]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (done, file) = (done.clone(), mnt.join("gpu/gpu/3/attr7"));
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    match std::fs::read_to_string(&file) {
+                        Ok(v) if v.starts_with("value-3-7-") => {}
+                        other => failures.push(format!("{other:?}")),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    // Each update changes all 240 values of the 8 devices.
+    for generation in 1..=200 {
+        eight_device_slice(&api, generation);
+        if generation % 20 == 0 {
+            serve.wait_for("gpu/gpu/3/attr7", Some(&format!("value-3-7-{generation}")), LIMIT);
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        let failures = r.join().unwrap();
+        assert!(failures.is_empty(), "{} failed reads, e.g. {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    }
 }
