@@ -125,6 +125,12 @@ struct KernelRefs {
 /// A retired node nobody has looked up is dropped after this long (the lookup
 /// that raced with its retirement has been counted by then).
 const RETIRED_GRACE: Duration = Duration::from_secs(2);
+/// Retired nodes kept at most, oldest dropped first. The kernel forgets an
+/// inode only when it reclaims it, so without a bound a long-running sidecar
+/// would keep every value it ever served. A reader would need to hold a file
+/// open across this many replaced values, and have its page cache dropped, to
+/// miss one (it then gets ESTALE, and a path lookup is retried afresh).
+const RETIRED_MAX: usize = 1024;
 
 type Refs = Arc<Mutex<KernelRefs>>;
 
@@ -218,7 +224,8 @@ impl Filesystem for DraFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.node(ino.0) {
             Some(node) => reply.attr(&TTL, &self.attr(&node)),
-            None => reply.error(Errno::ENOENT),
+            // An inode replaced long ago: the kernel retries a path lookup afresh.
+            None => reply.error(Errno::ESTALE),
         }
     }
 
@@ -268,7 +275,7 @@ impl Filesystem for DraFs {
                     reply.data(&node.content[start..end])
                 }
                 Some(_) => reply.error(Errno::EISDIR),
-                None => reply.error(Errno::ENOENT),
+                None => reply.error(Errno::ESTALE),
             },
             Err(e) => reply.error(errno(e)),
         }
@@ -490,6 +497,14 @@ impl FuseMount {
             for ino in old.inodes().filter(|ino| new.node(*ino).is_none()) {
                 if let Some(node) = old.node(ino) {
                     retired.insert(ino, (node.clone(), now));
+                }
+            }
+            if retired.len() > RETIRED_MAX {
+                let mut by_age: Vec<(Instant, u64)> = retired.iter().map(|(ino, (_, since))| (*since, *ino)).collect();
+                by_age.sort_unstable();
+                for (_, ino) in by_age.into_iter().take(retired.len() - RETIRED_MAX) {
+                    retired.remove(&ino);
+                    lookups.remove(&ino);
                 }
             }
         }
