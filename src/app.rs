@@ -62,7 +62,7 @@ fn resolve_file(source: &SourceArgs, path: &Path, sel: &Selection) -> Result<Res
     if !objects.ignored.is_empty() {
         info!(kinds = ?objects.ignored, "ignoring objects of other kinds in {}", path.display());
     }
-    let shown = path.display().to_string();
+    let shown = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
     let snapshot =
         objects.into_snapshot(&shown, source.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
     let res = resolve(&snapshot, sel);
