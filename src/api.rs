@@ -108,6 +108,11 @@ pub struct RetryBackoff {
 impl RetryBackoff {
     const FIRST: Duration = Duration::from_millis(200);
     const MAX: Duration = Duration::from_secs(5);
+
+    /// Start again from the first delay (after a success).
+    pub fn reset(&mut self) {
+        *self = RetryBackoff::default();
+    }
 }
 
 impl Default for RetryBackoff {
@@ -122,12 +127,5 @@ impl Iterator for RetryBackoff {
         let now = self.next;
         self.next = (self.next * 2).min(Self::MAX);
         Some(now)
-    }
-}
-
-impl RetryBackoff {
-    /// Start again from the first delay (after a success).
-    pub fn reset(&mut self) {
-        *self = RetryBackoff::default();
     }
 }

@@ -27,7 +27,7 @@ use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
 use crate::reconcile::{Mode, Phase, Publication, Reconciler, Step, Transition};
 use crate::resolve::{Resolution, Selection, resolve};
-use crate::source::Engine;
+use crate::source::{Engine, sleep_until_opt};
 use crate::tree::{self, BuiltTree, EntryKind};
 
 /// How a command failed; the exit code follows from it.
@@ -221,7 +221,7 @@ impl Outputs {
         let built = &publication.built;
         if !built.is_ready() {
             // Not ready is true already before the files are written; ready only after.
-            self.metrics.tree_published(false, built.tree.len(), &built.missing);
+            self.metrics.not_ready(&built.missing);
         }
         let Some(mut publisher) = self.publisher.take() else { return Err(PublishError::WriterGone) };
         let (publisher, publication, result) = tokio::task::spawn_blocking(move || {
@@ -242,7 +242,7 @@ impl Outputs {
                 self.retry_at = None;
             }
             Err(e) => {
-                self.metrics.tree_published(false, built.tree.len(), &[format!("output failed: {e}")]);
+                self.metrics.not_ready(&[format!("output failed: {e}")]);
                 let after = self.retry.next().unwrap_or_default();
                 warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
                 if self.failed.is_none() {
@@ -326,13 +326,6 @@ async fn drive(
                 step = Step::default();
             }
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -168,24 +168,23 @@ impl AtomicDir {
     }
 }
 
+/// `<nanos>.<pid>.<attempt>`: the stamp drafs puts in the names it creates.
+fn is_stamp(rest: &str) -> bool {
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// `..<nanos>.<pid>.<attempt>`, a real directory (not a link), with the marker.
 fn is_our_payload(path: &Path, name: &str) -> bool {
-    let pattern = name.strip_prefix("..").is_some_and(|rest| {
-        let parts: Vec<&str> = rest.split('.').collect();
-        parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-    });
-    pattern
+    name.strip_prefix("..").is_some_and(is_stamp)
         && fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
         && fs::symlink_metadata(path.join(PAYLOAD_MARKER)).is_ok_and(|m| m.file_type().is_file())
 }
 
 /// A swap link a killed writer left: `..data_tmp.<n>.<n>.<n>` pointing at a payload name.
 fn is_our_swap_link(path: &Path, name: &str) -> bool {
-    let pattern = name.strip_prefix("..data_tmp.").is_some_and(|rest| {
-        let parts: Vec<&str> = rest.split('.').collect();
-        parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-    });
-    pattern && fs::read_link(path).is_ok_and(|t| t.to_str().is_some_and(|t| t.starts_with("..") && !t.contains('/')))
+    name.strip_prefix("..data_tmp.").is_some_and(is_stamp)
+        && fs::read_link(path).is_ok_and(|t| t.to_str().is_some_and(|t| t.starts_with("..") && !t.contains('/')))
 }
 
 fn is_our_link(path: &Path, name: &str) -> bool {

@@ -54,12 +54,20 @@ impl Metrics {
     pub fn tree_published(&self, ready: bool, values: usize, missing: &[String]) {
         self.tree_updates.fetch_add(1, Ordering::Relaxed);
         self.values_served.store(values as u64, Ordering::Relaxed);
-        self.ready.store(ready, Ordering::Relaxed);
         if ready {
+            self.ready.store(true, Ordering::Relaxed);
             let ms = self.started.elapsed().as_millis() as u64 + 1;
             let _ = self.ready_after_ms.compare_exchange(0, ms, Ordering::Relaxed, Ordering::Relaxed);
-        } else if let Ok(mut r) = self.not_ready_reason.lock() {
-            *r = missing.join("; ");
+        } else {
+            self.not_ready(missing);
+        }
+    }
+
+    /// Not ready, for these reasons (without counting a published tree).
+    pub fn not_ready(&self, reasons: &[String]) {
+        self.ready.store(false, Ordering::Relaxed);
+        if let Ok(mut r) = self.not_ready_reason.lock() {
+            *r = reasons.join("; ");
         }
     }
 

@@ -162,7 +162,8 @@ impl Engine {
     }
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
+/// Sleep until `at`, or forever when there is no such time.
+pub async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
