@@ -26,6 +26,22 @@ fn run(mut cmd: std::process::Command) -> Output {
     wait_output(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), LIMIT)
 }
 
+/// `drafs init` as a pod sees it, with the standard view; returns (tree dir, metadata dir).
+fn init_in_pod(sc: &Scenario) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (dir, meta) = (sc.path("dra"), sc.path("meta"));
+    let out = run(sc.in_pod_command(&[
+        "init",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--metadata-dir",
+        meta.to_str().unwrap(),
+        "--timeout",
+        "60s",
+    ]));
+    assert_ok(&out);
+    (dir, meta)
+}
+
 /// Decode every standard-view file under `metadata_dir` with the upstream Go
 /// decoder and compare it with the tree's `.json`.
 fn assert_upstream_decodes(cp: &ControlPlane, metadata_dir: &std::path::Path, tree_json: &std::path::Path) {
@@ -45,18 +61,7 @@ fn init_in_pod_template_claim_tree_and_standard_view() {
     let Some(cp) = controlplane::shared() else { return };
     let mut sc = Scenario::from_fixture(cp, &read("examples/gpu-training.yaml"));
     sc.create_all();
-    let dir = sc.path("dra");
-    let meta = sc.path("meta");
-    let out = run(sc.in_pod_command(&[
-        "init",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--metadata-dir",
-        meta.to_str().unwrap(),
-        "--timeout",
-        "60s",
-    ]));
-    assert_ok(&out);
+    let (dir, meta) = init_in_pod(&sc);
     let tree = read_tree(&dir);
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
     assert_eq!(tree["gpu/gpu/0/productName"], "NVIDIA H200", "the stale generation must not win");
@@ -173,11 +178,7 @@ fn network_attached_device_prioritized_list_and_list_attributes() {
     let Some(cp) = controlplane::shared() else { return };
     let mut sc = fabric_scenario(cp);
     sc.create_all();
-    let dir = sc.path("dra");
-    let meta = sc.path("meta");
-    let out =
-        run(sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()]));
-    assert_ok(&out);
+    let (dir, meta) = init_in_pod(&sc);
     let tree = read_tree(&dir);
     assert_eq!(tree["accel/accel/0/.request"], "accel/large", "{tree:?}");
     assert_eq!(tree["accel/accel/0/.device"], "fpga-7");
@@ -193,11 +194,7 @@ fn list_typed_attributes_and_network_status_in_the_standard_view() {
     let Some(cp) = controlplane::shared() else { return };
     let mut sc = Scenario::from_fixture(cp, &read("examples/rdma-network.yaml"));
     sc.create_all();
-    let dir = sc.path("dra");
-    let meta = sc.path("meta");
-    let out =
-        run(sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()]));
-    assert_ok(&out);
+    let (dir, meta) = init_in_pod(&sc);
     let tree = read_tree(&dir);
     assert_eq!(tree["nics/rdma/0/resource.kubernetes.io/numaNode"], "1");
     assert_eq!(tree["nics/rdma/0/.status/interfaceName"], "net1");
