@@ -72,15 +72,37 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct InjectArgs {
+    /// Manifests to read: files, directories (their .yaml, .yml and .json files) or - for standard input.
+    /// Standard input when none is given.
+    #[arg(value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Also a manifest to read, as with kubectl and linkerd (repeatable).
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
+    pub filenames: Vec<PathBuf>,
     /// How drafs runs in the pod.
     #[arg(long, value_enum, default_value_t = Mode::Init)]
     pub mode: Mode,
-    /// The drafs image to use.
+    /// The drafs image to use (push the image to a registry your nodes pull from and name it here).
     #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
     /// Where the tree is mounted in the containers.
-    #[arg(long, default_value = "/dra")]
+    #[arg(long, default_value = "/dra", value_parser = parse_container_path)]
     pub dir: String,
+    /// Also write the standard KEP-5304 view here, mounted read-only in every container that uses a claim
+    /// (e.g. /var/run/kubernetes.io/dra-device-attributes).
+    #[arg(long, value_name = "DIR", value_parser = parse_container_path)]
+    pub metadata_dir: Option<String>,
+    /// Passed to drafs: not ready until this path exists, CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable).
+    #[arg(long = "require", value_name = "PATH")]
+    pub require: Vec<RequirePath>,
+    /// Passed to drafs: how long to wait for everything asked for (its default: 5m).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// A container path for drafs's files.
+fn parse_container_path(text: &str) -> Result<String, String> {
+    crate::inject::check_container_path(text).map(|()| text.to_string()).map_err(|p| format!("{text:?} {p}"))
 }
 
 #[derive(Debug, Args)]

@@ -4,12 +4,21 @@
 //! are changed; a pod spec that already has a `drafs` container is left alone,
 //! so injecting twice changes nothing.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
+
+use crate::tree::RequirePath;
 
 pub const CONTAINER: &str = "drafs";
 const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
 const TOKEN_VOLUME: &str = "drafs-token";
+const METADATA_VOLUME: &str = "dra-metadata";
+/// The volume the ServiceAccount admission plugin adds for the automounted token.
+const AUTOMOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
+/// drafs's own default `--timeout`, for the startup probe when none is given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where a pod's service-account credentials are expected (in-cluster config).
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -30,15 +39,103 @@ pub enum InjectError {
     #[error("cannot write YAML: {0}")]
     Write(String),
     #[error(
-        "{what}: container {container:?} already mounts volume {volume:?} at {path}, where the tree would go; choose another place with --dir"
+        "{what}: container {container:?} already mounts volume {volume:?} at {path}, where drafs's files would go; choose another place for them (inject: --dir, --metadata-dir; webhook: the drafs.dev/dir, drafs.dev/metadata-dir annotations)"
     )]
     MountPathTaken { what: String, container: String, volume: String, path: String },
+    #[error(
+        "{what} is a live object (it has {field}): the API server never lets containers be added to an existing Pod; inject into {owner} instead, or into the manifest the Pod was created from"
+    )]
+    LivePod { what: String, field: &'static str, owner: String },
+}
+
+/// A Pod read back from the API server (`kubectl get pod -o yaml`): which of
+/// its server-set fields shows it, and what owns it.
+fn live_pod(doc: &Value) -> Option<InjectError> {
+    if doc["kind"] != "Pod" {
+        return None;
+    }
+    let field = ["uid", "creationTimestamp", "resourceVersion"]
+        .into_iter()
+        .find(|f| doc["metadata"].get(*f).is_some_and(|v| !v.is_null()))
+        .map(|f| match f {
+            "uid" => "metadata.uid",
+            "creationTimestamp" => "metadata.creationTimestamp",
+            _ => "metadata.resourceVersion",
+        })?;
+    let owner = doc
+        .pointer("/metadata/ownerReferences/0")
+        .map(|o| {
+            format!(
+                "the {} {} that owns it",
+                o["kind"].as_str().unwrap_or("workload"),
+                o["name"].as_str().unwrap_or("?")
+            )
+        })
+        .unwrap_or_else(|| "the workload that creates it".into());
+    Some(InjectError::LivePod { what: describe(doc), field, owner })
+}
+
+/// Why a path cannot be a container mount path for drafs's files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathProblem {
+    #[error("must be an absolute path such as /dra")]
+    NotAbsolute,
+    #[error("must not be / itself")]
+    Root,
+    #[error("must be a clean path (no '.', '..' or empty parts, no spaces, control characters or ':')")]
+    NotClean,
+    #[error("is longer than 1024 bytes")]
+    TooLong,
+    #[error("is where the service-account token is mounted")]
+    TokenPath,
+    #[error("overlaps the tree's directory {0}")]
+    OverlapsTree(String),
+}
+
+/// Whether `path` can hold drafs's files in every container: absolute, clean,
+/// and not the token's directory.
+pub fn check_container_path(path: &str) -> Result<(), PathProblem> {
+    let trimmed = path.trim_end_matches('/');
+    if !path.starts_with('/') {
+        return Err(PathProblem::NotAbsolute);
+    }
+    if trimmed.is_empty() {
+        return Err(PathProblem::Root);
+    }
+    if path.len() > 1024 {
+        return Err(PathProblem::TooLong);
+    }
+    let clean = trimmed[1..].split('/').all(|part| {
+        !part.is_empty() && part != "." && part != ".." && part.chars().all(|c| c.is_ascii_graphic() && c != ':')
+    });
+    if !clean {
+        return Err(PathProblem::NotClean);
+    }
+    if within(TOKEN_PATH, trimmed) || within(trimmed, TOKEN_PATH) {
+        return Err(PathProblem::TokenPath);
+    }
+    Ok(())
+}
+
+/// Whether `inner` is `outer` or below it.
+fn within(inner: &str, outer: &str) -> bool {
+    let (inner, outer) = (inner.trim_end_matches('/'), outer.trim_end_matches('/'));
+    inner == outer || inner.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Check the metadata directory against the tree's: neither may hold the other.
+pub fn check_metadata_dir(metadata_dir: &str, dir: &str) -> Result<(), PathProblem> {
+    check_container_path(metadata_dir)?;
+    if within(metadata_dir, dir) || within(dir, metadata_dir) {
+        return Err(PathProblem::OverlapsTree(dir.to_string()));
+    }
+    Ok(())
 }
 
 /// Why a pod spec was not changed.
 enum Skip {
     NoClaims,
-    MountPathTaken { container: String, volume: String },
+    MountPathTaken { container: String, volume: String, path: String },
 }
 
 /// `base`, or `base-1`, `base-2`... whichever no volume of the pod has.
@@ -64,7 +161,27 @@ pub enum Mode {
 pub struct Options {
     pub mode: Mode,
     pub image: String,
+    /// Where the tree is mounted, in drafs and in every container that uses a claim.
     pub dir: String,
+    /// Where the standard KEP-5304 view is written and mounted (read-only in the app), if at all.
+    pub metadata_dir: Option<String>,
+    /// Passed to drafs as `--require`.
+    pub require: Vec<RequirePath>,
+    /// Passed to drafs as `--timeout` (its default otherwise); also sizes the startup probe.
+    pub timeout: Option<Duration>,
+}
+
+impl Options {
+    pub fn new(mode: Mode, image: impl Into<String>) -> Self {
+        Options {
+            mode,
+            image: image.into(),
+            dir: "/dra".into(),
+            metadata_dir: None,
+            require: Vec::new(),
+            timeout: None,
+        }
+    }
 }
 
 /// What happened to each document (for the log).
@@ -109,44 +226,77 @@ fn downward_env() -> Value {
     ])
 }
 
-fn drafs_container(opts: &Options, volume: &str, fuse_volume: &str) -> Value {
+/// `90s`, or `250ms` when not whole seconds (as `--timeout` parses it).
+fn duration_arg(d: Duration) -> String {
+    if d.subsec_millis() == 0 { format!("{}s", d.as_secs()) } else { format!("{}ms", d.as_millis()) }
+}
+
+/// drafs's arguments for this mode and these options.
+fn drafs_args(opts: &Options) -> Vec<String> {
     let dir = &opts.dir;
-    let probe = json!({"exec": {"command": ["/drafs", "probe", format!("--dir={dir}")]}, "periodSeconds": 1, "failureThreshold": 300});
+    let mut args = match opts.mode {
+        Mode::Init => vec!["init".to_string(), format!("--dir={dir}")],
+        Mode::SidecarFiles => vec!["serve".into(), "--backend=files".into(), format!("--dir={dir}")],
+        Mode::SidecarFuse => vec!["serve".into(), "--backend=fuse".into(), format!("--dir={dir}")],
+    };
+    if let Some(m) = &opts.metadata_dir {
+        args.push(format!("--metadata-dir={m}"));
+    }
+    args.extend(opts.require.iter().map(|r| format!("--require={r}")));
+    if let Some(t) = opts.timeout {
+        args.push(format!("--timeout={}", duration_arg(t)));
+    }
+    args
+}
+
+fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
+    let dir = &opts.dir;
+    let probe_command = json!({"command": ["/drafs", "probe", format!("--dir={dir}")]});
+    // Long enough that drafs's own message (at --timeout) is what the pod shows;
+    // 0 means no limit, for drafs and so for the probe.
+    let timeout = opts.timeout.unwrap_or(DEFAULT_TIMEOUT).as_secs();
+    let threshold = if timeout == 0 { 1_000_000 } else { timeout.saturating_add(10).min(1_000_000) };
+    let startup = json!({"exec": probe_command, "periodSeconds": 1, "failureThreshold": threshold});
+    let readiness = json!({"exec": probe_command, "periodSeconds": 10});
     let restricted =
         json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
     let resources = json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}});
+    let mut mounts = vec![json!({"name": volumes.tree, "mountPath": dir})];
     let mut c = json!({
         "name": CONTAINER,
         "image": opts.image,
-        "args": [],
+        "args": drafs_args(opts),
         "env": downward_env(),
         "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted,
-        "volumeMounts": [{"name": volume, "mountPath": dir}],
     });
-    match opts.mode {
-        Mode::Init => {
-            c["args"] = json!(["init", format!("--dir={dir}")]);
-        }
-        Mode::SidecarFiles => {
-            c["args"] = json!(["serve", "--backend=files", format!("--dir={dir}")]);
-            c["restartPolicy"] = json!("Always");
-            c["startupProbe"] = probe;
-        }
-        Mode::SidecarFuse => {
-            c["args"] = json!(["serve", "--backend=fuse", format!("--dir={dir}")]);
-            c["restartPolicy"] = json!("Always");
-            c["startupProbe"] = probe;
-            c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/drafs", "unmount", format!("--dir={dir}")]}}});
-            c["securityContext"] = json!({"privileged": true, "runAsUser": 0});
-            c["volumeMounts"] = json!([
-                {"name": volume, "mountPath": dir, "mountPropagation": "Bidirectional"},
-                {"name": fuse_volume, "mountPath": "/dev/fuse"},
-            ]);
-        }
+    if opts.mode != Mode::Init {
+        c["restartPolicy"] = json!("Always");
+        c["startupProbe"] = startup;
+        c["readinessProbe"] = readiness;
     }
+    if opts.mode == Mode::SidecarFuse {
+        c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/drafs", "unmount", format!("--dir={dir}")]}}});
+        c["securityContext"] = json!({"privileged": true, "runAsUser": 0});
+        mounts = vec![
+            json!({"name": volumes.tree, "mountPath": dir, "mountPropagation": "Bidirectional"}),
+            json!({"name": volumes.fuse, "mountPath": "/dev/fuse"}),
+        ];
+    }
+    if let Some(m) = &opts.metadata_dir {
+        mounts.push(json!({"name": volumes.metadata, "mountPath": m}));
+    }
+    c["volumeMounts"] = Value::Array(mounts);
     c
+}
+
+/// The names of the volumes drafs adds, each free in the pod.
+struct Volumes {
+    tree: String,
+    fuse: String,
+    metadata: String,
+    token: String,
 }
 
 fn uses_claims(container: &Value) -> bool {
@@ -169,6 +319,39 @@ enum Injected {
     AlreadyThere,
 }
 
+/// Whether the pod leaves the service account to drafs: none named, or the
+/// namespace's `default` (which the ServiceAccount admission plugin fills in
+/// before a webhook sees the pod, and which never has drafs's rights).
+fn account_is_unchosen(spec: &Value) -> bool {
+    spec.get("serviceAccountName").and_then(Value::as_str).is_none_or(|a| a.is_empty() || a == "default")
+}
+
+/// Remove the token the ServiceAccount admission plugin mounted into every
+/// container (a pod seen by the webhook has it): the app gets no credentials.
+fn remove_automounted_token(spec: &mut Value) {
+    let is_automount = |name: &str| name.starts_with(AUTOMOUNT_VOLUME_PREFIX);
+    let removed: Vec<String> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .filter(|n| is_automount(n))
+        .map(str::to_string)
+        .collect();
+    if removed.is_empty() {
+        return;
+    }
+    array(spec, "volumes").retain(|v| !v["name"].as_str().is_some_and(is_automount));
+    for key in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in spec.get_mut(key).and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+                mounts.retain(|m| !m["name"].as_str().is_some_and(|n| removed.iter().any(|r| r == n)));
+            }
+        }
+    }
+}
+
 /// Inject into one pod spec.
 fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
@@ -181,62 +364,82 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     if already {
         return Ok(Injected::AlreadyThere);
     }
-    // Something of the pod's own mounted where the tree goes would hide it.
+    // Something of the pod's own mounted where the tree or the standard view
+    // goes would hide it.
+    let ours: Vec<&str> = std::iter::once(opts.dir.as_str()).chain(opts.metadata_dir.as_deref()).collect();
     for key in ["initContainers", "containers"] {
         for c in spec.get(key).and_then(Value::as_array).into_iter().flatten() {
             let mounts = c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten();
-            if let Some(m) =
-                mounts.into_iter().find(|m| m["mountPath"].as_str().is_some_and(|p| same_path(p, &opts.dir)))
-            {
-                return Err(Skip::MountPathTaken {
-                    container: c["name"].as_str().unwrap_or_default().to_string(),
-                    volume: m["name"].as_str().unwrap_or_default().to_string(),
-                });
+            for m in mounts {
+                let Some(path) = m["mountPath"].as_str() else { continue };
+                if let Some(taken) = ours.iter().find(|o| same_path(path, o)) {
+                    return Err(Skip::MountPathTaken {
+                        container: c["name"].as_str().unwrap_or_default().to_string(),
+                        volume: m["name"].as_str().unwrap_or_default().to_string(),
+                        path: taken.to_string(),
+                    });
+                }
             }
         }
     }
+    let own_account = account_is_unchosen(spec);
+    if own_account {
+        remove_automounted_token(spec);
+    }
     let existing: Vec<Value> = spec.get("volumes").and_then(Value::as_array).cloned().unwrap_or_default();
-    let volume = free_volume_name(&existing, VOLUME);
-    let fuse_volume = free_volume_name(&existing, FUSE_VOLUME);
-    let token_volume_name = free_volume_name(&existing, TOKEN_VOLUME);
+    let volumes = Volumes {
+        tree: free_volume_name(&existing, VOLUME),
+        fuse: free_volume_name(&existing, FUSE_VOLUME),
+        metadata: free_volume_name(&existing, METADATA_VOLUME),
+        token: free_volume_name(&existing, TOKEN_VOLUME),
+    };
     let map = spec.as_object_mut().expect("pod spec is an object");
     // When drafs brings the service account, only drafs gets its credentials:
     // no token is mounted into the app's containers.
-    let own_account = map.get("serviceAccountName").and_then(Value::as_str).is_none_or(str::is_empty);
     if own_account {
         map.insert("serviceAccountName".into(), json!("drafs"));
+        if map.contains_key("serviceAccount") {
+            // The deprecated alias the API server fills in; keep the two equal.
+            map.insert("serviceAccount".into(), json!("drafs"));
+        }
         map.insert("automountServiceAccountToken".into(), json!(false));
     }
-    let mount = match opts.mode {
+    let mut app_mounts = vec![match opts.mode {
         Mode::SidecarFuse => {
-            json!({"name": volume, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"})
+            json!({"name": volumes.tree, "mountPath": opts.dir, "readOnly": true, "mountPropagation": "HostToContainer"})
         }
-        _ => json!({"name": volume, "mountPath": opts.dir, "readOnly": true}),
-    };
+        _ => json!({"name": volumes.tree, "mountPath": opts.dir, "readOnly": true}),
+    }];
+    if let Some(m) = &opts.metadata_dir {
+        app_mounts.push(json!({"name": volumes.metadata, "mountPath": m, "readOnly": true}));
+    }
     for key in ["initContainers", "containers"] {
         if let Some(containers) = spec.get_mut(key).and_then(Value::as_array_mut) {
             for c in containers.iter_mut().filter(|c| uses_claims(c)) {
-                array(c, "volumeMounts").push(mount.clone());
+                array(c, "volumeMounts").extend(app_mounts.iter().cloned());
             }
         }
     }
-    let mut container = drafs_container(opts, &volume, &fuse_volume);
+    let mut container = drafs_container(opts, &volumes);
     if own_account {
         array(&mut container, "volumeMounts")
-            .push(json!({"name": token_volume_name, "mountPath": TOKEN_PATH, "readOnly": true}));
+            .push(json!({"name": volumes.token, "mountPath": TOKEN_PATH, "readOnly": true}));
     }
     array(spec, "initContainers").insert(0, container);
-    let volumes = array(spec, "volumes");
-    let dra_volume = match opts.mode {
-        Mode::SidecarFuse => json!({"name": volume, "emptyDir": {}}),
-        _ => json!({"name": volume, "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}}),
-    };
-    volumes.push(dra_volume);
+    let in_memory = json!({"medium": "Memory", "sizeLimit": "4Mi"});
+    let pod_volumes = array(spec, "volumes");
+    pod_volumes.push(match opts.mode {
+        Mode::SidecarFuse => json!({"name": volumes.tree, "emptyDir": {}}),
+        _ => json!({"name": volumes.tree, "emptyDir": in_memory}),
+    });
     if opts.mode == Mode::SidecarFuse {
-        volumes.push(json!({"name": fuse_volume, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
+        pod_volumes.push(json!({"name": volumes.fuse, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
+    }
+    if opts.metadata_dir.is_some() {
+        pod_volumes.push(json!({"name": volumes.metadata, "emptyDir": in_memory}));
     }
     if own_account {
-        volumes.push(token_volume(&token_volume_name));
+        pod_volumes.push(token_volume(&volumes.token));
         Ok(Injected::Done)
     } else {
         Ok(Injected::KeptAccount(spec["serviceAccountName"].as_str().unwrap_or_default().to_string()))
@@ -266,8 +469,8 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
             Ok(Injected::KeptAccount(account)) => Outcome::InjectedKeepingAccount { what, account },
             Ok(Injected::AlreadyThere) => Outcome::AlreadyInjected(what),
             Err(Skip::NoClaims) => Outcome::NoClaims(what),
-            Err(Skip::MountPathTaken { container, volume }) => {
-                return Err(InjectError::MountPathTaken { what, container, volume, path: opts.dir.clone() });
+            Err(Skip::MountPathTaken { container, volume, path }) => {
+                return Err(InjectError::MountPathTaken { what, container, volume, path });
             }
         },
     };
@@ -284,6 +487,9 @@ pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), Inje
     let mut outcomes = Vec::new();
     let mut out = String::new();
     for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+        if let Some(e) = live_pod(&doc) {
+            return Err(e);
+        }
         inject_value(&mut doc, opts, &mut outcomes)?;
         if !out.is_empty() {
             out.push_str("---\n");
@@ -301,7 +507,7 @@ mod tests {
     use super::*;
 
     fn opts(mode: Mode) -> Options {
-        Options { mode, image: "drafs:test".into(), dir: "/dra".into() }
+        Options::new(mode, "drafs:test")
     }
 
     const DEPLOYMENT: &str = r#"

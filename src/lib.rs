@@ -1,5 +1,6 @@
 //! drafs: the attributes of a pod's DRA-allocated devices, as files.
 
+pub mod admission;
 pub mod api;
 pub mod app;
 pub mod cli;

@@ -93,11 +93,8 @@ fn mangled_objects_never_panic_or_escape() {
 #[test]
 fn mangled_manifests_never_panic_inject() {
     let mut rng = Lcg(0xfeed);
-    let opts = drafs::inject::Options {
-        mode: drafs::inject::Mode::SidecarFuse,
-        image: "drafs:test".into(),
-        dir: "/dra".into(),
-    };
+    let mut opts = drafs::inject::Options::new(drafs::inject::Mode::SidecarFuse, "drafs:test");
+    opts.metadata_dir = Some("/var/run/kubernetes.io/dra-device-attributes".into());
     for file in ["tests/inject/workloads.yaml", "tests/inject/deployment.yaml", "examples/sidecar-files.yaml"] {
         let text = read(file);
         for round in 0..300 {

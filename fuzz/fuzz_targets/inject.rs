@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     for mode in [Mode::Init, Mode::SidecarFiles, Mode::SidecarFuse] {
-        let opts = Options { mode, image: "drafs:fuzz".into(), dir: "/dra".into() };
+        let opts = Options::new(mode, "drafs:fuzz");
         let Ok((once, _)) = inject(text, &opts) else { continue };
         let (twice, _) = inject(&once, &opts).expect("drafs's own output injects again");
         assert_eq!(once, twice, "injecting twice changed the output");
