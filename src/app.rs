@@ -637,6 +637,24 @@ fn inject_inputs(args: &InjectArgs) -> Result<Vec<(String, String)>, Failure> {
     Ok(inputs)
 }
 
+/// `webhook`: bind (bad addresses and certificates fail here, with exit 2),
+/// then serve until `shutdown`.
+pub async fn webhook(
+    args: &crate::cli::WebhookArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Failure> {
+    let config = crate::webhook::Config {
+        addr: args.addr,
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        image: args.image.clone(),
+        metrics_addr: args.metrics_addr,
+    };
+    let server = crate::webhook::Webhook::bind(&config).await.map_err(|e| Failure::Usage(e.to_string()))?;
+    server.serve(shutdown).await;
+    Ok(())
+}
+
 /// `manifests rbac`: the RBAC for one namespace, on stdout.
 pub fn manifests_rbac(args: &crate::cli::RbacArgs) -> Result<(), Failure> {
     let docs = crate::manifests::rbac(&args.namespace, &args.service_account, args.events);

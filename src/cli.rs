@@ -68,6 +68,27 @@ pub enum Command {
     Inject(InjectArgs),
     /// Resolve once and print the devices and their attributes.
     Get(GetArgs),
+    /// Serve the mutating admission webhook that injects drafs into pods labelled drafs.dev/inject.
+    Webhook(WebhookArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Address to serve the webhook on (TLS).
+    #[arg(long, env = "DRAFS_WEBHOOK_ADDR", default_value = "0.0.0.0:8443", value_name = "ADDR")]
+    pub addr: std::net::SocketAddr,
+    /// PEM certificate chain for the webhook's Service name; reloaded when the file changes.
+    #[arg(long, env = "DRAFS_TLS_CERT", value_name = "FILE", default_value = "/etc/drafs/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the certificate; reloaded when the file changes.
+    #[arg(long, env = "DRAFS_TLS_KEY", value_name = "FILE", default_value = "/etc/drafs/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// The drafs image the injected container runs (the image your nodes pull, e.g. registry.example/drafs:0.1.0).
+    #[arg(long, env = "DRAFS_IMAGE", value_name = "IMAGE", value_parser = parse_image)]
+    pub image: String,
+    /// Serve /metrics, /healthz and /readyz over plain HTTP on this address; off by default.
+    #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -83,7 +104,7 @@ pub struct InjectArgs {
     #[arg(long, value_enum, default_value_t = Mode::Init)]
     pub mode: Mode,
     /// The drafs image to use (push the image to a registry your nodes pull from and name it here).
-    #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")))]
+    #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")), value_parser = parse_image)]
     pub image: String,
     /// Where the tree is mounted in the containers.
     #[arg(long, default_value = "/dra", value_parser = parse_container_path)]
@@ -98,6 +119,14 @@ pub struct InjectArgs {
     /// Passed to drafs: how long to wait for everything asked for (its default: 5m).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+}
+
+/// An image reference: not empty, no spaces or control characters.
+fn parse_image(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > 1024 || !text.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!("{text:?} is not an image reference (e.g. registry.example/drafs:0.1.0)"));
+    }
+    Ok(text.to_string())
 }
 
 /// A container path for drafs's files.

@@ -22,3 +22,4 @@ pub mod slices;
 pub mod source;
 pub mod store;
 pub mod tree;
+pub mod webhook;

@@ -39,6 +39,15 @@ fn main() {
         }
     };
     let outcome: Result<(), Failure> = runtime.block_on(async {
+        // The webhook drains its reviews in flight on a signal, so it gets the
+        // signal instead of being dropped.
+        if let Command::Webhook(args) = &cli.command {
+            return app::webhook(args, async {
+                let signal = shutdown_signal().await;
+                tracing::info!("{signal}: stopping");
+            })
+            .await;
+        }
         let work = async {
             match &cli.command {
                 Command::Init(args) => app::init(args).await,
@@ -52,6 +61,7 @@ fn main() {
                 Command::CopySelf(args) => app::copy_self(args),
                 Command::Inject(args) => app::inject(args),
                 Command::Manifests(ManifestsCommand::Rbac(args)) => app::manifests_rbac(args),
+                Command::Webhook(_) => unreachable!("served above"),
             }
         };
         // On a signal the command's future is dropped, which unmounts a FUSE tree.

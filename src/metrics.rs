@@ -144,7 +144,14 @@ impl Metrics {
         }
         out
     }
+}
 
+/// What a metrics endpoint answers: (status, content type, body) for a GET of `path`.
+pub trait Exposition: Send + Sync {
+    fn respond(&self, path: &str) -> (u16, &'static str, String);
+}
+
+impl Exposition for Metrics {
     fn respond(&self, path: &str) -> (u16, &'static str, String) {
         match path {
             "/metrics" => (200, "text/plain; version=0.0.4", self.render()),
@@ -175,7 +182,7 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Answer until the task is dropped. Bounded in connections and time, so a
 /// flood of slow or idle clients costs a fixed amount of memory and descriptors
 /// and can never starve the tree's writes of them.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve<E: Exposition + ?Sized + 'static>(listener: TcpListener, metrics: Arc<E>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut accept_backoff = std::time::Duration::from_millis(50);
     loop {
@@ -196,13 +203,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&mut stream, &metrics)).await;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&mut stream, &*metrics)).await;
         });
     }
 }
 
 /// Read the request head (bounded), answer, close.
-async fn answer(stream: &mut tokio::net::TcpStream, metrics: &Metrics) {
+async fn answer<E: Exposition + ?Sized>(stream: &mut tokio::net::TcpStream, metrics: &E) {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {

@@ -143,50 +143,8 @@ fn sweep_stale_scratch() {
 /// service-account signing key.
 fn make_certs(dir: &Path) -> Result<(), String> {
     let p = |f: &str| dir.join(f);
-    run(Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
-        .args([
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=drafs-test-ca",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-            "-keyout",
-            p("ca.key").to_str().unwrap(),
-            "-out",
-            p("ca.crt").to_str().unwrap(),
-        ]))?;
-    run(Command::new("openssl")
-        .args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
-        .args([
-            "-subj",
-            "/CN=kube-apiserver",
-            "-keyout",
-            p("apiserver.key").to_str().unwrap(),
-            "-out",
-            p("apiserver.csr").to_str().unwrap(),
-        ]))?;
-    std::fs::write(
-        p("apiserver.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .map_err(|e| e.to_string())?;
-    run(Command::new("openssl").args(["x509", "-req", "-days", "2", "-set_serial", "2"]).args([
-        "-in",
-        p("apiserver.csr").to_str().unwrap(),
-        "-CA",
-        p("ca.crt").to_str().unwrap(),
-        "-CAkey",
-        p("ca.key").to_str().unwrap(),
-        "-extfile",
-        p("apiserver.ext").to_str().unwrap(),
-        "-out",
-        p("apiserver.crt").to_str().unwrap(),
-    ]))?;
+    super::tls::ca(dir, "ca")?;
+    super::tls::serving(dir, "ca", "apiserver", "IP:127.0.0.1,DNS:localhost", 2)?;
     run(Command::new("openssl")
         .args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"])
         .arg(p("sa.key")))?;

@@ -5,6 +5,8 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod controlplane;
+pub mod tls;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,151 @@
+//! `drafs webhook` as a process, and a TLS client that talks to it as the API
+//! server does.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+/// A running `drafs webhook` with certificates from its own test CA.
+pub struct WebhookProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    /// stderr lines so far (the log).
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl WebhookProcess {
+    /// Make a CA and a serving certificate for 127.0.0.1, laid out as the
+    /// kubelet lays out a Secret volume, and start the webhook on a free port.
+    pub fn start(extra: &[&str]) -> WebhookProcess {
+        let dir = tempfile::tempdir().unwrap();
+        super::tls::ca(dir.path(), "ca").unwrap();
+        super::tls::serving(dir.path(), "ca", "tls", "IP:127.0.0.1,DNS:localhost", 2).unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        for file in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{file}"), secret.join(file)).unwrap();
+        }
+        publish_secret(&secret, "..v1", &dir.path().join("tls.crt"), &dir.path().join("tls.key"));
+        let mut child = Command::new(super::drafs_bin())
+            .args(["webhook", "--addr", "127.0.0.1:0", "--image", "registry.example/drafs:test"])
+            .arg("--tls-cert")
+            .arg(secret.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(secret.join("tls.key"))
+            .args(extra)
+            .env("DRAFS_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                    let _ = tx.send(addr.to_string());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("webhook did not start: {:?}", log.lock().unwrap()))
+            .parse()
+            .unwrap();
+        WebhookProcess { child, addr, dir, log }
+    }
+
+    /// Serve this certificate and key next, swapped in at once as a Secret
+    /// volume update does (a new `..data` link).
+    pub fn rotate(&self, version: &str, cert: &Path, key: &Path) {
+        publish_secret(&self.dir.path().join("secret"), version, cert, key);
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for WebhookProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client trusting only `ca`.
+pub fn tls_config(ca: &Path) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// One HTTPS request on a new connection: (status, body), or the error
+/// (a failed handshake, a closed connection).
+pub async fn request_async(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(u16, Vec<u8>), String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = ServerName::IpAddress(addr.ip().into());
+    let tls = connector.connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes().to_vec();
+    Ok((status, body))
+}
+
+/// [`request_async`] from synchronous test code.
+pub fn request(addr: SocketAddr, ca: &Path, method: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(request_async(addr, tls_config(ca), method, path, body.to_vec()))
+}
+
+/// Copy cert and key into `secret/VERSION/` and point `secret/..data` at it atomically.
+fn publish_secret(secret: &Path, version: &str, cert: &Path, key: &Path) {
+    let dir = secret.join(version);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(cert, dir.join("tls.crt")).unwrap();
+    std::fs::copy(key, dir.join("tls.key")).unwrap();
+    let tmp = secret.join("..data_tmp");
+    std::os::unix::fs::symlink(version, &tmp).unwrap();
+    std::fs::rename(&tmp, secret.join("..data")).unwrap();
+}
