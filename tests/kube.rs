@@ -16,6 +16,7 @@ use support::controlplane::{self, ControlPlane};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
+const WEBHOOK_PICKUP: Duration = Duration::from_secs(20);
 
 fn assert_ok(out: &Output) {
     assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
@@ -494,4 +495,212 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
     assert!(!mounts(app).iter().any(|m| m.starts_with(sa_path)), "the app got credentials: {app}");
     let volumes = spec["volumes"].as_array().unwrap();
     assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
+}
+
+/// The shipped webhook configuration, pointed at a local `drafs webhook` by URL
+/// (the test cluster has no Service routing) with its test CA.
+fn local_webhook_configuration(hook: &support::webhook::WebhookProcess) -> Value {
+    let mut config = yaml_docs(&read("deploy/webhook/core/mutatingwebhookconfiguration.yaml")).remove(0);
+    let ca = std::fs::read(hook.ca()).unwrap();
+    config["webhooks"][0]["clientConfig"] = json!({
+        "url": format!("https://{}/mutate", hook.addr),
+        "caBundle": serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap(),
+    });
+    config
+}
+
+fn webhook_reviews(metrics_addr: &str) -> u64 {
+    let mut s = std::net::TcpStream::connect(metrics_addr).unwrap();
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("drafs_webhook_reviews_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
+    let Some(cp) = controlplane::shared() else { return };
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let hook = support::webhook::WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
+    let ns = support::cluster::unique("webhook");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac", "--namespace", &ns]).output().unwrap();
+    for doc in yaml_docs(&stdout(&out)) {
+        cp.ensure(&doc);
+    }
+    // What the controller manager makes in every namespace (none runs here):
+    // the ServiceAccount admission plugin gives pods `default` before the webhook sees them.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}}));
+    cp.create(&local_webhook_configuration(&hook));
+    let pod = |name: &str, mode: Option<&str>, annotations: Value| {
+        let mut labels = json!({"app": "trainer"});
+        if let Some(mode) = mode {
+            labels["drafs.dev/inject"] = json!(mode);
+        }
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+                "containers": [
+                    {"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}},
+                    {"name": "logger", "image": "registry.example/logger:1"},
+                ]
+            }
+        })
+    };
+    // The API server picks up a new webhook configuration asynchronously: wait
+    // until a dry run comes back with drafs in it.
+    let probe = pod("probe", Some("init"), json!({}));
+    let path = format!("/api/v1/namespaces/{ns}/pods?dryRun=All");
+    let last = std::cell::RefCell::new(String::new());
+    let called = wait_for(WEBHOOK_PICKUP, || match cp.raw("POST", &path, Some(&probe), "application/json") {
+        Ok((200, text)) if text.contains("\"name\":\"drafs\"") => true,
+        other => {
+            *last.borrow_mut() = format!("{other:?}");
+            false
+        }
+    });
+    assert!(
+        called,
+        "the API server never called the webhook; last answer: {}\nwebhook log: {}\napiserver: {}",
+        last.borrow(),
+        hook.log_text(),
+        cp.apiserver_log_tail()
+    );
+
+    let annotations = json!({
+        "drafs.dev/metadata-dir": "/var/run/kubernetes.io/dra-device-attributes",
+        "drafs.dev/require": "gpu/gpu/0/uuid",
+        "drafs.dev/timeout": "2m",
+    });
+    let stored = cp.create(&pod("trainer", Some("sidecar-files"), annotations));
+    let spec = &stored["spec"];
+    let drafs = &spec["initContainers"][0];
+    assert_eq!(drafs["name"], "drafs", "{stored:#}");
+    assert_eq!(drafs["image"], "registry.example/drafs:test");
+    assert_eq!(drafs["restartPolicy"], "Always");
+    assert_eq!(
+        drafs["args"],
+        json!([
+            "serve",
+            "--backend=files",
+            "--dir=/dra",
+            "--metadata-dir=/var/run/kubernetes.io/dra-device-attributes",
+            "--require=gpu/gpu/0/uuid",
+            "--timeout=120s"
+        ])
+    );
+    assert_eq!(spec["serviceAccountName"], "drafs");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let mounts = |c: &Value| -> Vec<(String, bool)> {
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| (m["mountPath"].as_str().unwrap().to_string(), m["readOnly"] == true))
+            .collect()
+    };
+    let sa_path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert!(mounts(drafs).iter().any(|(p, _)| p == sa_path), "drafs has its token: {drafs}");
+    let app = &spec["containers"][0];
+    assert_eq!(
+        mounts(app),
+        vec![("/dra".to_string(), true), ("/var/run/kubernetes.io/dra-device-attributes".to_string(), true)],
+        "the app gets the tree and the standard view read-only, and no credentials: {app}"
+    );
+    assert!(mounts(&spec["containers"][1]).is_empty(), "a container without claims gets nothing");
+    let volumes = spec["volumes"].as_array().unwrap();
+    assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
+
+    // A misspelt mode: refused, with the message from the webhook.
+    let refused = cp.raw(
+        "POST",
+        &format!("/api/v1/namespaces/{ns}/pods"),
+        Some(&pod("typo", Some("sidecar"), json!({}))),
+        "application/json",
+    );
+    let Ok((code, message)) = refused else { panic!("{refused:?}") };
+    assert_eq!(code, 400, "{message}");
+    assert!(
+        message.contains("admission webhook \"pods.drafs.dev\" denied the request")
+            && message.contains("use init, sidecar-fuse or sidecar-files"),
+        "{message}"
+    );
+
+    // Pods without the label never reach the webhook (objectSelector).
+    let before = webhook_reviews(&metrics_addr);
+    let plain = cp.create(&pod("plain", None, json!({})));
+    assert!(plain["spec"].get("initContainers").is_none(), "{plain:#}");
+    assert_eq!(webhook_reviews(&metrics_addr), before, "the API server called the webhook for an unlabelled pod");
+}
+
+/// The deploy/webhook kustomizations as the README applies them, with kubectl
+/// built from the same module: the manual route accepted by the real API
+/// server (server-side dry run, strict validation, no Pod Security warning),
+/// the cert-manager route rendered with the CA annotation and a certificate
+/// for the Service's names, and one image setting for both containers.
+#[test]
+fn the_webhook_kustomizations_apply() {
+    let Some(cp) = controlplane::shared() else { return };
+    let copy = tempfile::tempdir().unwrap();
+    let cp_r = std::process::Command::new("cp").arg("-r").arg(repo_path("deploy/webhook")).arg(copy.path()).status();
+    assert!(cp_r.unwrap().success());
+    let root = copy.path().join("webhook");
+    let certs = std::process::Command::new(root.join("manual/certs.sh")).output().unwrap();
+    assert!(certs.status.success(), "{}", String::from_utf8_lossy(&certs.stderr));
+    let ns = cp.kubectl(&["apply", "-f", root.join("core/namespace.yaml").to_str().unwrap()]);
+    assert!(ns.status.success(), "{}", String::from_utf8_lossy(&ns.stderr));
+    let applied =
+        cp.kubectl(&["apply", "-k", root.join("manual").to_str().unwrap(), "--dry-run=server", "--validate=strict"]);
+    let err = String::from_utf8_lossy(&applied.stderr);
+    assert!(applied.status.success(), "{err}");
+    assert!(!err.contains("PodSecurity"), "the webhook's pods violate the restricted standard: {err}");
+    let out = String::from_utf8_lossy(&applied.stdout);
+    for object in [
+        "deployment.apps/drafs-webhook",
+        "service/drafs-webhook",
+        "poddisruptionbudget.policy/drafs-webhook",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/drafs",
+        "secret/drafs-webhook-tls",
+    ] {
+        assert!(out.contains(object), "{object} not applied: {out}");
+    }
+
+    // The cert-manager route (no cert-manager CRDs here: rendered, not applied).
+    let built = cp.kubectl(&["kustomize", root.to_str().unwrap()]);
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let docs = yaml_docs(&String::from_utf8_lossy(&built.stdout));
+    let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}")).clone();
+    let config = find("MutatingWebhookConfiguration");
+    assert_eq!(config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], "drafs-system/drafs-webhook");
+    let certificate = docs.iter().find(|d| d["kind"] == "Certificate").unwrap();
+    let service = find("Service");
+    let host = format!(
+        "{}.{}.svc",
+        service["metadata"]["name"].as_str().unwrap(),
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    assert!(certificate["spec"]["dnsNames"].as_array().unwrap().contains(&json!(host)), "{certificate}");
+    assert_eq!(certificate["spec"]["secretName"], "drafs-webhook-tls");
+    let webhook = &config["webhooks"][0];
+    assert_eq!(webhook["clientConfig"]["service"]["name"], service["metadata"]["name"]);
+    assert!(webhook["timeoutSeconds"].as_u64().unwrap() <= 10);
+
+    // One image setting: the webhook's own container and the one it injects.
+    let edit = std::fs::read_to_string(root.join("core/kustomization.yaml"))
+        .unwrap()
+        .replace("  newName: drafs\n", "  newName: registry.example/drafs\n");
+    std::fs::write(root.join("core/kustomization.yaml"), edit).unwrap();
+    let built = cp.kubectl(&["kustomize", root.to_str().unwrap()]);
+    let docs = yaml_docs(&String::from_utf8_lossy(&built.stdout));
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example/drafs:0.1.0");
+    let env = container["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "DRAFS_IMAGE" && e["value"] == "registry.example/drafs:0.1.0"), "{env:?}");
 }

@@ -56,7 +56,7 @@ pub fn private() -> Option<ControlPlane> {
     Some(ControlPlane::start().unwrap_or_else(|e| panic!("the real control plane did not start: {e}")))
 }
 
-/// The directory holding kube-apiserver, etcd and metadata.test (built once, cached).
+/// The directory holding kube-apiserver, etcd, kubectl and metadata.test (built once, cached).
 pub fn binaries() -> Result<PathBuf, String> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -227,6 +227,18 @@ impl ControlPlane {
 
     pub fn ca_path(&self) -> PathBuf {
         self.dir.join("ca.crt")
+    }
+
+    /// kubectl (built from the same module) as the cluster admin, run from the repository root.
+    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(self.dir.join("admin.kubeconfig"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl runs")
     }
 
     /// The Go test binary that decodes standard-view files with the upstream decoder.
