@@ -84,8 +84,8 @@ fn main() {
     println!("| scenario | flags | median | p90 | requests per pod start (apiserver_request_total) |");
     println!("|---|---|---|---|---|");
     for (name, fixture) in [
-        ("1 GPU, template claim", "examples/gpu-training.yaml"),
-        ("2 NICs with device status", "examples/rdma-network.yaml"),
+        ("1 GPU, template claim", "examples/offline/gpu-training.yaml"),
+        ("2 NICs with device status", "examples/offline/rdma-network.yaml"),
     ] {
         for extra in [&[][..], &["--events=all"][..]] {
             // One warm-up run (first connection, caches), then the measured ones.

@@ -22,7 +22,7 @@ struct Scenario {
 }
 
 fn node_local(api: &TestApi) {
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
 }
 
 fn network_attached(api: &TestApi) {

@@ -15,7 +15,7 @@ pub struct PodRef {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     #[error(
-        "forbidden: the service account may not {verb} {resource}{scope} ({message}); grant it with the Role and ClusterRole of examples/rbac.yaml"
+        "forbidden: the service account may not {verb} {resource}{scope} ({message}); grant it: drafs manifests rbac --namespace NS | kubectl apply -f -"
     )]
     Forbidden { verb: &'static str, resource: String, scope: String, message: String },
     #[error(

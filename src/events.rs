@@ -1,6 +1,6 @@
 //! Kubernetes Events on the pod, so `kubectl describe pod` tells why drafs is
 //! (not) ready. Needs `create events`, granted by the optional Role in
-//! `examples/rbac.yaml`; when forbidden, drafs says so once and goes on.
+//! `drafs manifests rbac --events`; when forbidden, drafs says so once and goes on.
 
 use std::time::Duration;
 
@@ -125,7 +125,7 @@ impl Recorder {
             Ok(Ok(_)) => debug!(reason, "event recorded"),
             Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
                 warn!(
-                    "cannot create events ({}); add the optional events Role of examples/rbac.yaml to see drafs in `kubectl describe pod`",
+                    "cannot create events ({}); grant it (drafs manifests rbac --namespace NS --events) to see drafs in `kubectl describe pod`",
                     status.message
                 );
                 self.enabled = false;

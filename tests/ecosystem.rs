@@ -10,7 +10,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn exec_sets_variables_from_a_tree_and_from_the_api() {
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let dir = env.path("dra");
     assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
     let script = r#"printf '%s|%s|%s' "$IFS_ALL" "$MTU0" "${UNSET-unset}""#;
@@ -33,7 +33,7 @@ fn exec_sets_variables_from_a_tree_and_from_the_api() {
 
 #[test]
 fn exec_refuses_missing_values_unless_optional() {
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let dir = env.path("dra");
     assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
     let marker = env.path("ran");
@@ -159,7 +159,7 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
 
 #[test]
 fn metrics_and_health_endpoints() {
-    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let addr = format!("127.0.0.1:{}", free_port());
     let dir = env.path("dra");
     // --require on a value that is not there: not ready at first.
@@ -240,7 +240,7 @@ fn serve_keeps_serving_through_a_full_disk_and_recovers_by_itself() {
     if !require_fuse() {
         return;
     }
-    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let disk = env.path("disk");
     std::fs::create_dir(&disk).unwrap();
     let status = std::process::Command::new("mount")
@@ -285,7 +285,7 @@ fn serve_keeps_serving_through_a_full_disk_and_recovers_by_itself() {
 
 #[test]
 fn a_flood_of_slow_metrics_clients_is_bounded_and_probes_still_answer() {
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let dir = env.path("dra");
     let addr = format!("127.0.0.1:{}", free_port());
     let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr]);
@@ -340,7 +340,7 @@ fn messages_for_a_missing_tree_and_stdin_input() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(read("examples/gpu-training.yaml").as_bytes()).unwrap();
+    child.stdin.take().unwrap().write_all(read("examples/offline/gpu-training.yaml").as_bytes()).unwrap();
     let out = wait_output(child, LIMIT);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"));

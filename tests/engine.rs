@@ -94,7 +94,7 @@ fn paged_lists_keep_only_the_pods_devices_and_init_needs_no_watch() {
 
 #[test]
 fn serve_follows_with_one_watch_per_scope() {
-    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
 
     block_on(async {
         let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None);
@@ -132,7 +132,7 @@ fn serve_follows_with_one_watch_per_scope() {
 
 #[test]
 fn a_stalled_server_cannot_hold_a_run_past_its_deadline() {
-    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     api.set_latency(Duration::from_secs(3600));
 
     block_on(async {
@@ -151,7 +151,7 @@ fn a_stalled_server_cannot_hold_a_run_past_its_deadline() {
 
 #[test]
 fn a_silent_watch_is_restarted() {
-    let (api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     // No bookmarks and no changes: the watches stay silent.
     api.set_bookmark_interval(Duration::from_secs(3600));
 

@@ -11,8 +11,16 @@ use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn manifest(file: &str) -> Vec<Value> {
-    yaml_docs(&read(file))
+/// Every document of an example directory, in the order `kubectl apply -f DIR` applies them.
+fn manifest(dir: &str) -> Vec<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_path(dir))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files.iter().flat_map(|f| yaml_docs(&std::fs::read_to_string(f).unwrap())).collect()
 }
 
 fn pod_spec(docs: &[Value]) -> &Value {
@@ -78,12 +86,12 @@ fn downward_api_env(container: &Value) {
 
 #[test]
 fn init_container_example() {
-    let docs = manifest("examples/pod-init.yaml");
+    let docs = manifest("examples/gpu-init");
     let spec = pod_spec(&docs);
     let init = drafs_container(spec);
     downward_api_env(init);
     assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let dra = env.path("dra");
     let meta = env.path("meta");
     let args = remap(&init["args"], &[("/var/run/kubernetes.io/dra-device-attributes", &meta), ("/dra", &dra)]);
@@ -98,14 +106,14 @@ fn fuse_sidecar_example() {
     if !require_fuse() {
         return;
     }
-    let docs = manifest("examples/sidecar-fuse.yaml");
+    let docs = manifest("examples/rdma-sidecar-fuse");
     let spec = pod_spec(&docs);
     let sidecar = drafs_container(spec);
     downward_api_env(sidecar);
     assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
     assert_eq!(sidecar["volumeMounts"][0]["mountPropagation"], "Bidirectional");
     assert_eq!(spec["containers"][0]["volumeMounts"][0]["mountPropagation"], "HostToContainer");
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let dra = env.path("dra");
     let args = remap(&sidecar["args"], &[("/dra", &dra)]);
     let mut serve = Serve { child: Some(env.spawn(&as_strs(&args))), dir: dra.clone() };
@@ -121,13 +129,13 @@ fn fuse_sidecar_example() {
 
 #[test]
 fn files_sidecar_example() {
-    let docs = manifest("examples/sidecar-files.yaml");
+    let docs = manifest("examples/gpu-sidecar-files");
     let spec = pod_spec(&docs);
     let sidecar = drafs_container(spec);
     downward_api_env(sidecar);
     assert_eq!(sidecar["restartPolicy"], "Always");
     assert!(sidecar["securityContext"].get("privileged").is_none());
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let dra = env.path("dra");
     let args = remap(&sidecar["args"], &[("/dra", &dra)]);
     let mut serve = Serve { child: Some(env.spawn(&as_strs(&args))), dir: dra.clone() };
@@ -140,10 +148,10 @@ fn files_sidecar_example() {
 
 #[test]
 fn kubevirt_launcher_reads_the_standard_metadata() {
-    let docs = manifest("examples/kubevirt-launcher.yaml");
+    let docs = manifest("examples/kubevirt-launcher");
     let spec = pod_spec(&docs);
     let init = drafs_container(spec);
-    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/vm-passthrough.yaml");
+    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/offline/vm-passthrough.yaml");
     let meta: PathBuf = env.path("meta");
     let dra = env.path("dra");
     let std_dir = "/var/run/kubernetes.io/dra-device-attributes";
@@ -161,14 +169,30 @@ fn kubevirt_launcher_reads_the_standard_metadata() {
     let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "passing through PCI device 0000:af:00.0\nvirt-launcher --hostdev 0000:af:00.0\n");
+    // Real drivers may pretty-print the file: the script reads JSON, not lines.
+    let file = std::fs::canonicalize(meta.join("resourceclaims/win11-vgpu/pgpu/gpu.nvidia.com-metadata.json")).unwrap();
+    let compact = std::fs::read_to_string(&file).unwrap();
+    let pretty: String = compact
+        .lines()
+        .map(|l| serde_json::to_string_pretty(&serde_json::from_str::<Value>(l).unwrap()).unwrap() + "\n")
+        .collect();
+    assert!(pretty.lines().count() > 20);
+    let pretty_dir = env.path("pretty");
+    let pretty_file = pretty_dir.join("resourceclaims/win11-vgpu/pgpu/gpu.nvidia.com-metadata.json");
+    std::fs::create_dir_all(pretty_file.parent().unwrap()).unwrap();
+    std::fs::write(&pretty_file, pretty).unwrap();
+    let script = script.replace(&meta.display().to_string(), &pretty_dir.display().to_string());
+    let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "passing through PCI device 0000:af:00.0\nvirt-launcher --hostdev 0000:af:00.0\n");
 }
 
 #[test]
 fn exec_wrapper_example() {
-    let docs = manifest("examples/exec-wrapper.yaml");
+    let docs = manifest("examples/gpu-exec-wrapper");
     let spec = pod_spec(&docs);
     let inits = spec["initContainers"].as_array().unwrap();
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let shared = env.path("shared");
     let dra = env.path("dra");
     let dirs: [(&str, &Path); 2] = [("/shared", &shared), ("/dra", &dra)];
@@ -189,4 +213,69 @@ fn exec_wrapper_example() {
     assert!(vars.lines().any(|l| l == "GPU_UUID=GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"), "{vars}");
     assert!(vars.lines().any(|l| l == "GPU_PCI_BUS_ID=0000:5e:00.0"), "{vars}");
     assert!(vars.lines().any(|l| l == "GPU_UUIDS=GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"), "{vars}");
+}
+
+/// The example directories (everything in examples/ but the offline inputs).
+fn example_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(repo_path("examples"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir() && e.file_name() != "offline")
+        .map(|e| format!("examples/{}", e.file_name().to_string_lossy()))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn every_example_directory_applies_on_its_own() {
+    let dirs = example_dirs();
+    assert!(dirs.len() >= 5, "{dirs:?}");
+    for dir in dirs {
+        let docs = manifest(&dir);
+        // The namespace first, and everything in it.
+        let Some(ns) = docs.iter().find(|d| d["kind"] == "Namespace").and_then(|d| d["metadata"]["name"].as_str())
+        else {
+            continue; // examples that need an operator's own objects (the VMI) say so themselves
+        };
+        assert_eq!(docs[0]["kind"], "Namespace", "{dir}: the Namespace must be applied first");
+        for doc in &docs[1..] {
+            let cluster_scoped = matches!(doc["kind"].as_str(), Some("ClusterRole" | "ClusterRoleBinding"));
+            if !cluster_scoped {
+                assert_eq!(doc["metadata"]["namespace"], ns, "{dir}: {} {}", doc["kind"], doc["metadata"]["name"]);
+            }
+        }
+        // The RBAC is exactly what `drafs manifests rbac` prints for that namespace.
+        let rbac = read(&format!("{dir}/10-rbac.yaml"));
+        let out = std::process::Command::new(drafs_bin())
+            .args(["manifests", "rbac", "--namespace", ns, "--events"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            rbac,
+            format!("# drafs manifests rbac --namespace {ns} --events\n{}", stdout(&out)),
+            "{dir}: regenerate 10-rbac.yaml"
+        );
+        // Every claim the pods use is defined here, and only drafs gets a token.
+        for pod in docs.iter().filter(|d| d["kind"] == "Pod") {
+            let spec = &pod["spec"];
+            for claim in spec["resourceClaims"].as_array().unwrap() {
+                let (kind, name) = match claim.get("resourceClaimTemplateName") {
+                    Some(t) => ("ResourceClaimTemplate", t),
+                    None => ("ResourceClaim", &claim["resourceClaimName"]),
+                };
+                assert!(
+                    docs.iter().any(|d| d["kind"] == kind && d["metadata"]["name"] == *name),
+                    "{dir}: no {kind} {name}"
+                );
+            }
+            assert_eq!(spec["automountServiceAccountToken"], false, "{dir}: the token would go to every container");
+            for c in
+                ["initContainers", "containers"].iter().flat_map(|k| spec[*k].as_array().cloned().unwrap_or_default())
+            {
+                let has_token = c["volumeMounts"].as_array().into_iter().flatten().any(|m| m["name"] == "drafs-token");
+                assert_eq!(has_token, c["name"] == "drafs", "{dir}: container {}", c["name"]);
+            }
+        }
+    }
 }

@@ -47,7 +47,7 @@ fn pair(a: &str, b: &str) -> (String, String) {
 
 #[test]
 fn template_claim_with_stale_pool_generation() {
-    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     assert_ok(&init(&env, &["--timeout", "30s", "--events=all"]));
     let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
@@ -92,7 +92,7 @@ fn template_claim_with_stale_pool_generation() {
 
 #[test]
 fn two_nics_with_list_attributes_and_network_status() {
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     assert_ok(&init(&env, &["--require", "nics/rdma/1/.status/interfaceName"]));
     let tree = read_tree(&env.path("dra"));
     // Allocation order decides the index, not the slice order.
@@ -175,7 +175,7 @@ fn direct_claim_prioritized_subrequest_and_network_attached_device() {
 #[test]
 fn metadata_view_matches_the_standard_layout() {
     // Template claim (rdma) and direct claim (vm passthrough), decoded back.
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let meta = env.path("meta");
     assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
@@ -210,7 +210,7 @@ fn metadata_view_matches_the_standard_layout() {
         json!({"interfaceName": "net2", "ips": ["10.20.2.17/24"], "hardwareAddress": "b8:3f:d2:44:55:66"})
     );
 
-    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/vm-passthrough.yaml");
+    let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/offline/vm-passthrough.yaml");
     let meta = env.path("meta");
     assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
@@ -268,7 +268,7 @@ fn waits_for_a_generated_claim_to_appear_in_pod_status() {
 #[test]
 fn claim_that_needs_no_resource_is_absent_not_an_error() {
     let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     let mut p = api.get("Pod", "ml", "trainer-0").unwrap();
     p["spec"]["resourceClaims"]
         .as_array_mut()
@@ -327,19 +327,19 @@ fn require_waits_for_device_status() {
 #[test]
 fn forbidden_names_verb_resource_and_the_rbac_example() {
     let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     api.add_token("other", "system:serviceaccount:ml:someone-else");
     let env = Env::new(&api, "ml", "trainer-0", "other");
     let err = assert_failed(&init(&env, &["--timeout", "60s"]));
-    assert!(err.contains("forbidden") && err.contains("get pods") && err.contains("examples/rbac.yaml"), "{err}");
+    assert!(err.contains("forbidden") && err.contains("get pods") && err.contains("drafs manifests rbac"), "{err}");
     assert!(env.termination_log().contains("get pods"));
 
     // Without the ClusterRoleBinding the slices are the missing grant.
-    let rbac: String = read("examples/rbac.yaml");
+    let rbac: String = rbac_yaml("ml");
     let without: Vec<&str> = rbac.split("\n---\n").filter(|d| !d.contains("kind: ClusterRoleBinding")).collect();
     let api = TestApi::start(&without.join("\n---\n"), "ml");
     api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
     let err = assert_failed(&init(&env, &["--timeout", "60s"]));
     assert!(err.contains("may not list resourceslices") && err.contains("spec.nodeName=gpu-node-7"), "{err}");
@@ -349,7 +349,7 @@ fn forbidden_names_verb_resource_and_the_rbac_example() {
 #[test]
 fn unauthorized_token() {
     let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     let env = Env::new(&api, "ml", "trainer-0", "wrong-token");
     let err = assert_failed(&init(&env, &["--timeout", "60s"]));
     assert!(err.contains("unauthorized"), "{err}");
@@ -392,7 +392,7 @@ fn shipped_rbac_is_exactly_what_is_used() {
     .collect();
     assert_eq!(used, expected);
     // The Roles and the ClusterRole grant exactly these and nothing else.
-    let rbac = yaml_docs(&read("examples/rbac.yaml"));
+    let rbac = yaml_docs(&rbac_yaml("ml"));
     let mut granted = BTreeSet::new();
     for doc in rbac.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
         for rule in doc["rules"].as_array().unwrap() {
@@ -410,7 +410,7 @@ fn shipped_rbac_is_exactly_what_is_used() {
 #[test]
 fn transient_failures_are_retried() {
     let api = api_for("ml");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     api.inject(Fault { verb: Some("get".into()), resource: Some(Res::Pods), status: 503, count: 2 });
     api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
     api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceClaims), status: 0, count: 1 });
@@ -442,7 +442,7 @@ fn pod_not_found() {
 
 #[test]
 fn unknown_claim_selection_fails_at_once() {
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let err = assert_failed(&init(&env, &["--claim", "gpus", "--timeout", "60s"]));
     assert!(err.contains("no resource claim named \"gpus\"") && err.contains("it has: gpu"), "{err}");
 }
@@ -506,7 +506,7 @@ fn malformed_objects_give_a_clear_error() {
 
 #[test]
 fn rerun_replaces_the_tree_atomically() {
-    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     assert_ok(&init(&env, &[]));
     let mut s = api.get("ResourceSlice", "", "gpu-node-7-gpu.nvidia.com-k2m9x").unwrap();
     s["spec"]["devices"][1]["attributes"]["uuid"] = json!({"string": "GPU-NEW"});
@@ -525,7 +525,7 @@ fn rerun_replaces_the_tree_atomically() {
 
 #[test]
 fn get_prints_table_and_json_from_the_api() {
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml");
+    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let out = env.run(&["get"], LIMIT);
     assert_ok(&out);
     let table = stdout(&out);
@@ -568,7 +568,7 @@ fn from_file_needs_no_cluster() {
             .unwrap();
         wait_output(child, LIMIT)
     };
-    let example = repo_path("examples/vm-passthrough.yaml");
+    let example = repo_path("examples/offline/vm-passthrough.yaml");
     let out = run(&["init", "--from-file", example.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
     assert_ok(&out);
     assert_eq!(read_tree(&dir)["passthrough/pgpu/0/resource.kubernetes.io/pciBusID"], "0000:af:00.0");
@@ -579,7 +579,7 @@ fn from_file_needs_no_cluster() {
 
     // A file whose device is not published: a clear error at once, nothing written.
     let broken = env_dir.path().join("broken.yaml");
-    let text = read("examples/vm-passthrough.yaml").replace("name: gpu-vfio-1", "name: gpu-vfio-9");
+    let text = read("examples/offline/vm-passthrough.yaml").replace("name: gpu-vfio-1", "name: gpu-vfio-9");
     std::fs::write(&broken, text).unwrap();
     let dir2 = env_dir.path().join("dra2");
     let out = run(&[
@@ -615,11 +615,11 @@ fn bad_flags_exit_with_usage_code() {
 #[test]
 fn events_are_optional() {
     // RBAC without the optional events Role: a single warning, and ready all the same.
-    let rbac: String = read("examples/rbac.yaml");
+    let rbac: String = rbac_yaml("ml");
     let without: Vec<&str> = rbac.split("\n---\n").filter(|d| !d.contains("drafs-events")).collect();
     let api = TestApi::start(&without.join("\n---\n"), "ml");
     api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
-    api.load_yaml(&read("examples/gpu-training.yaml"));
+    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
     // By default only warnings are recorded: a successful start sends none.
     assert_ok(&init(&env, &[]));
@@ -638,7 +638,7 @@ fn events_are_optional() {
 
 #[test]
 fn json_logs_are_one_object_per_line() {
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let out = init(&env, &["--log-format", "json"]);
     assert_ok(&out);
     let lines: Vec<Value> =
@@ -658,7 +658,7 @@ fn json_logs_are_one_object_per_line() {
 #[test]
 fn a_stalled_api_server_is_bounded_by_the_timeout_for_init_get_and_exec() {
     // The server accepts the connection and never answers.
-    let (api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     api.set_latency(Duration::from_secs(3600));
     for args in [
         vec!["init", "--dir", env.path("dra").to_str().unwrap(), "--timeout", "2s"],
@@ -699,7 +699,7 @@ fn get_escapes_control_characters_for_terminals() {
 
 #[test]
 fn init_never_deletes_what_it_did_not_write() {
-    let (_api, env) = example("ml", "trainer-0", "examples/gpu-training.yaml");
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let dir = env.path("dra");
     std::fs::create_dir_all(dir.join("..backup/inner")).unwrap();
     std::fs::write(dir.join("..backup/inner/keep.txt"), "backup").unwrap();

@@ -67,7 +67,11 @@ fn mangle(text: &str, rng: &mut Lcg) -> String {
 fn mangled_objects_never_panic_or_escape() {
     let mut rng = Lcg(0x5eed);
     let mut resolved = 0;
-    for file in ["examples/gpu-training.yaml", "examples/rdma-network.yaml", "examples/vm-passthrough.yaml"] {
+    for file in [
+        "examples/offline/gpu-training.yaml",
+        "examples/offline/rdma-network.yaml",
+        "examples/offline/vm-passthrough.yaml",
+    ] {
         let text = read(file);
         for round in 0..300 {
             let input = mangle(&text, &mut rng);
@@ -95,7 +99,9 @@ fn mangled_manifests_never_panic_inject() {
     let mut rng = Lcg(0xfeed);
     let mut opts = drafs::inject::Options::new(drafs::inject::Mode::SidecarFuse, "drafs:test");
     opts.metadata_dir = Some("/var/run/kubernetes.io/dra-device-attributes".into());
-    for file in ["tests/inject/workloads.yaml", "tests/inject/deployment.yaml", "examples/sidecar-files.yaml"] {
+    for file in
+        ["tests/inject/workloads.yaml", "tests/inject/deployment.yaml", "examples/gpu-sidecar-files/30-pod.yaml"]
+    {
         let text = read(file);
         for round in 0..300 {
             let input = mangle(&text, &mut rng);

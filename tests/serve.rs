@@ -15,7 +15,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 const NIC0_IFNAME: &str = "nics/rdma/0/ifName";
 
 fn rdma() -> (TestApi, Env) {
-    example("hpc", "allreduce-worker-3", "examples/rdma-network.yaml")
+    example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml")
 }
 
 fn set_nic_attribute(api: &TestApi, name: &str, value: &str) {
@@ -110,7 +110,7 @@ fn fuse_updates_values_status_and_removals_live() {
     assert!(stderr(&probe).contains("pci-0000-c1-00-0"), "{}", stderr(&probe));
 
     // Republished: back again.
-    let text = read("examples/rdma-network.yaml");
+    let text = read("examples/offline/rdma-network.yaml");
     api.load_yaml(&text);
     serve.wait_for(".ready", Some(""), LIMIT);
     assert_eq!(serve.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
@@ -303,7 +303,7 @@ fn fuse_without_privileges_fails_clearly() {
     let bin = scratch.path().join("drafs");
     std::fs::copy(drafs_bin(), &bin).unwrap();
     let input = scratch.path().join("objects.yaml");
-    std::fs::copy(repo_path("examples/rdma-network.yaml"), &input).unwrap();
+    std::fs::copy(repo_path("examples/offline/rdma-network.yaml"), &input).unwrap();
     std::fs::set_permissions(&input, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let out = std::process::Command::new(&bin)
         .args(["serve", "--from-file"])

@@ -4,7 +4,7 @@
 //! (resource.k8s.io/v1): GET, LIST and WATCH (streamed JSON events with
 //! resourceVersion, bookmarks and 410 Gone), the field selectors drafs uses,
 //! bearer-token authentication, and authorization from the RBAC objects in
-//! `examples/rbac.yaml` — anything those do not grant is answered 403, so the
+//! `drafs manifests rbac` — anything those do not grant is answered 403, so the
 //! shipped RBAC is proven sufficient. Tests change objects while the binary runs,
 //! inject latency and failures, and count requests.
 

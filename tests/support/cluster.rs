@@ -99,7 +99,7 @@ impl<'a> Scenario<'a> {
     /// ResourceClaimTemplates the claims need, the Pod, and its claims, with no
     /// status yet: a pod the scheduler has not handled.
     pub fn create_unallocated(&mut self) {
-        self.create_rbac(&super::read("examples/rbac.yaml"));
+        self.create_rbac(&super::rbac_yaml(&self.namespace));
         self.create_pod_and_claims();
     }
 

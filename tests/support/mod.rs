@@ -25,10 +25,15 @@ pub fn read(rel: &str) -> String {
     std::fs::read_to_string(repo_path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// A test API server authorizing by the shipped `examples/rbac.yaml`, applied in
-/// `namespace`, with a token for its service account.
+/// The RBAC `drafs manifests rbac --namespace NS --events` prints.
+pub fn rbac_yaml(namespace: &str) -> String {
+    drafs::manifests::to_yaml(&drafs::manifests::rbac(namespace, "drafs", true)).unwrap()
+}
+
+/// A test API server authorizing by the RBAC drafs ships (`drafs manifests
+/// rbac`), for `namespace`, with a token for its service account.
 pub fn api_for(namespace: &str) -> TestApi {
-    let api = TestApi::start(&read("examples/rbac.yaml"), namespace);
+    let api = TestApi::start(&rbac_yaml(namespace), namespace);
     api.add_token(TOKEN, &format!("system:serviceaccount:{namespace}:drafs"));
     api
 }
