@@ -369,6 +369,22 @@ fn serve_recovers_when_the_api_server_restarts() {
 
 /// Every object in every example file, created as a dry run with strict field
 /// validation: no shipped YAML has a field or value the real server rejects.
+/// KubeVirt's VirtualMachineInstance kind, schema-less (KubeVirt itself is not
+/// here): enough for kubectl to apply a VMI example with strict validation of
+/// everything but the VMI's spec.
+fn install_vmi_crd(cp: &ControlPlane) {
+    cp.ensure(&json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "virtualmachineinstances.kubevirt.io"},
+        "spec": {"group": "kubevirt.io", "scope": "Namespaced",
+            "names": {"plural": "virtualmachineinstances", "singular": "virtualmachineinstance", "kind": "VirtualMachineInstance", "shortNames": ["vmi"]},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }));
+    let ready = wait_for(LIMIT, || cp.kubectl(&["get", "virtualmachineinstances", "-A"]).status.success());
+    assert!(ready, "the VirtualMachineInstance CRD never became usable");
+}
+
 /// The offline inputs (dumps of what a cluster holds, server-set fields
 /// aside) are objects the API server accepts.
 #[test]
@@ -436,6 +452,11 @@ fn every_example_directory_is_accepted_by_kubectl_apply() {
     let mut failures = Vec::new();
     for dir in &dirs {
         let rel = dir.strip_prefix(repo_path("")).unwrap().display().to_string();
+        if std::fs::read_dir(dir).unwrap().flatten().any(|f| {
+            read(&format!("{rel}/{}", f.file_name().to_string_lossy())).contains("kind: VirtualMachineInstance")
+        }) {
+            install_vmi_crd(cp);
+        }
         // A dry run creates nothing, and a pod's service account must exist.
         for first in ["00-namespace.yaml", "10-rbac.yaml"].map(|f| dir.join(f)).iter().filter(|f| f.exists()) {
             let out = cp.kubectl(&["apply", "-f", first.to_str().unwrap()]);
@@ -655,6 +676,46 @@ fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
     assert!(mounts(&spec["containers"][1]).is_empty(), "a container without claims gets nothing");
     let volumes = spec["volumes"].as_array().unwrap();
     assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
+
+    // A virt-launcher pod as KubeVirt renders it from examples/kubevirt-vmi:
+    // the VMI's labels and annotations copied, no service account named,
+    // automount off, the claims on the `compute` container.
+    let vmi = yaml_docs(&read("examples/kubevirt-vmi/30-vmi.yaml")).remove(0);
+    let mut labels = vmi["metadata"]["labels"].clone();
+    labels["kubevirt.io"] = json!("virt-launcher");
+    labels["vm.kubevirt.io/name"] = json!("win11");
+    let mut annotations = vmi["metadata"]["annotations"].clone();
+    annotations["kubevirt.io/domain"] = json!("win11");
+    annotations["kubectl.kubernetes.io/default-container"] = json!("compute");
+    let launcher = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "virt-launcher-win11-", "namespace": ns, "labels": labels, "annotations": annotations},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "resourceClaims": vmi["spec"]["resourceClaims"],
+            "containers": [{"name": "compute", "image": "registry.example/virt-launcher:v1.9.0",
+                            "command": ["/usr/bin/virt-launcher-monitor"],
+                            "resources": {"claims": [{"name": "pgpu"}]}}]
+        }
+    });
+    let stored = cp.create(&launcher);
+    let spec = &stored["spec"];
+    let drafs = &spec["initContainers"][0];
+    assert_eq!(drafs["name"], "drafs", "{stored:#}");
+    assert!(drafs.get("restartPolicy").is_none(), "init mode: drafs runs to completion before compute");
+    assert!(
+        drafs["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--metadata-dir=/var/run/kubernetes.io/dra-device-attributes")),
+        "{drafs}"
+    );
+    assert!(
+        mounts(&spec["containers"][0]).contains(&("/var/run/kubernetes.io/dra-device-attributes".to_string(), true)),
+        "{stored:#}"
+    );
+    assert_eq!(spec["serviceAccountName"], "drafs");
 
     // A misspelt mode: refused, with the message from the webhook.
     let refused = cp.raw(

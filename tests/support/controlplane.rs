@@ -494,6 +494,7 @@ fn resource_of(kind: &str) -> (&'static str, bool) {
         "PodDisruptionBudget" => ("poddisruptionbudgets", true),
         "MutatingWebhookConfiguration" => ("mutatingwebhookconfigurations", false),
         "VirtualMachineInstance" => ("virtualmachineinstances", true),
+        "CustomResourceDefinition" => ("customresourcedefinitions", false),
         other => panic!("the control-plane helper does not know kind {other}"),
     }
 }
