@@ -9,8 +9,8 @@ secs="${1:-60}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
 mkdir -p corpus/resolve_tree corpus/inject corpus/decode
-cp ../examples/*.yaml corpus/resolve_tree/
-cp ../examples/*.yaml ../tests/inject/*.yaml corpus/inject/
+cp ../examples/offline/*.yaml corpus/resolve_tree/
+cp ../examples/*/*.yaml ../tests/inject/*.yaml corpus/inject/
 python3 - <<'PY'
 import json, pathlib
 slice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},

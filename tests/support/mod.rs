@@ -289,7 +289,9 @@ pub fn require_fuse() -> bool {
         eprintln!("skipped: needs root and /dev/fuse (DRAFS_NO_FUSE_TESTS=1)");
         return false;
     }
-    panic!("this test mounts FUSE: it needs root and /dev/fuse (root: {root}, /dev/fuse: {dev})");
+    panic!(
+        "this test mounts FUSE: it needs root and /dev/fuse (root: {root}, /dev/fuse: {dev}); outside CI, DRAFS_NO_FUSE_TESTS=1 skips it"
+    );
 }
 
 /// True while `dir` is a mount point listed in /proc/self/mounts.
