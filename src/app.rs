@@ -65,9 +65,22 @@ fn resolve_file(source: &SourceArgs, path: &Path, sel: &Selection) -> Result<Res
     let shown = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
     let snapshot =
         objects.into_snapshot(&shown, source.pod_name.as_deref()).map_err(|e| Failure::Failed(e.to_string()))?;
-    let res = resolve(&snapshot, sel);
+    let mut res = resolve(&snapshot, sel);
     for w in &res.warnings {
         warn!("{w}");
+    }
+    // A claim the file does not hold is not "not found" in a cluster: say
+    // where it is missing and how to add it.
+    let namespace = res.pod.namespace.clone();
+    for missing in &mut res.missing {
+        if let crate::resolve::Missing::ClaimNotFound { pod_claim, claim_name } = missing {
+            *missing = crate::resolve::Missing::Invalid {
+                what: format!("claim {pod_claim}"),
+                problem: format!(
+                    "ResourceClaim {claim_name} is not in {shown} (add it: kubectl get resourceclaim -n {namespace} {claim_name} -o yaml)"
+                ),
+            };
+        }
     }
     Ok(res)
 }
@@ -82,6 +95,8 @@ fn log_tree_warnings(res: &Resolution, built: &BuiltTree) {
 
 async fn client_and_pod(source: &SourceArgs) -> Result<(kube::Client, PodRef), Failure> {
     let client = kube::Client::try_default().await.map_err(|e| {
+        // kube quotes a kubeconfig path twice ('"/path"'); show it once.
+        let e = e.to_string().replace("'\"", "'").replace("\"'", "'");
         Failure::Usage(format!(
             "cannot find cluster credentials ({e}); run inside a pod with a service account, set KUBECONFIG, or use --from-file"
         ))
@@ -606,6 +621,11 @@ fn inject_inputs(args: &InjectArgs) -> Result<Vec<(String, String)>, Failure> {
     let mut inputs = Vec::new();
     for path in paths {
         if path == Path::new("-") {
+            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                eprintln!(
+                    "drafs inject: reading manifests from standard input (end with Ctrl-D), or give files: drafs inject FILE|DIR"
+                );
+            }
             let mut text = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
                 .map_err(|e| Failure::Failed(format!("cannot read standard input: {e}")))?;

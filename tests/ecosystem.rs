@@ -345,3 +345,150 @@ fn messages_for_a_missing_tree_and_stdin_input() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b"));
 }
+
+fn drafs_with_stdin(args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(args)
+        .current_dir(repo_path(""))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    wait_output(child, LIMIT)
+}
+
+#[test]
+fn inject_reads_files_directories_and_stdin_and_refuses_what_it_cannot_use() {
+    let deployment = read("tests/inject/deployment.yaml");
+    let expected = read("tests/inject/deployment.init.yaml");
+    // A file argument, -f FILE, -f - and standard input all give the same.
+    for args in [
+        vec!["inject", "--image", "drafs:test", "tests/inject/deployment.yaml"],
+        vec!["inject", "--image", "drafs:test", "-f", "tests/inject/deployment.yaml"],
+        vec!["inject", "--image", "drafs:test", "-f", "-"],
+        vec!["inject", "--image", "drafs:test"],
+    ] {
+        let out = drafs_with_stdin(&args, &deployment);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(stdout(&out), expected, "{args:?}");
+        assert!(stdout(&out).ends_with('\n'));
+    }
+    // A directory: its .yaml files in name order, as one stream.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("b.yaml"), &deployment).unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
+    let out = drafs_with_stdin(&["inject", "--image", "drafs:test", "-f", dir.path().to_str().unwrap()], "");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_docs(&stdout(&out));
+    assert_eq!(docs.len(), 2);
+    assert_eq!(docs[0]["kind"], "ConfigMap");
+    assert_eq!(docs[1]["spec"]["template"]["spec"]["initContainers"][0]["name"], "drafs");
+
+    // Options reach drafs's arguments and mounts.
+    let out = drafs_with_stdin(
+        &[
+            "inject",
+            "--mode",
+            "sidecar-fuse",
+            "--image",
+            "drafs:test",
+            "--metadata-dir",
+            "/var/run/kubernetes.io/dra-device-attributes",
+            "--require",
+            "gpu/gpu/0/uuid",
+            "--timeout",
+            "90s",
+        ],
+        &deployment,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec = &yaml_docs(&stdout(&out))[0]["spec"]["template"]["spec"];
+    let drafs = &spec["initContainers"][0];
+    let args: Vec<&str> = drafs["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(
+        args,
+        [
+            "serve",
+            "--backend=fuse",
+            "--dir=/dra",
+            "--metadata-dir=/var/run/kubernetes.io/dra-device-attributes",
+            "--require=gpu/gpu/0/uuid",
+            "--timeout=90s"
+        ]
+    );
+    assert_eq!(drafs["startupProbe"]["failureThreshold"], 100);
+    assert_eq!(drafs["readinessProbe"]["exec"]["command"][1], "probe", "the FUSE sidecar has a readiness probe");
+    let app_mounts = spec["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        app_mounts
+            .iter()
+            .any(|m| m["mountPath"] == "/var/run/kubernetes.io/dra-device-attributes" && m["readOnly"] == true)
+    );
+
+    // Refusals, each with what to do.
+    let cases: [(&[&str], &str, &str); 6] = [
+        (&["inject"], "", "no manifests"),
+        (&["inject"], "# only a comment\n", "no manifests"),
+        (&["inject", "missing.yaml"], "", "cannot read missing.yaml"),
+        (&["inject", "--metadata-dir", "/dra/meta"], "", "overlaps the tree's directory /dra"),
+        (&["inject", "--dir", "relative"], "", "must be an absolute path"),
+        (&["inject", "--image", ""], "", "not an image reference"),
+    ];
+    for (args, input, expected) in cases {
+        let out = drafs_with_stdin(args, input);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}: nothing half-written");
+    }
+}
+
+#[test]
+fn inject_refuses_a_live_pod_and_names_its_owner() {
+    let live = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: trainer-7d9f-x2k\n  namespace: ml\n  uid: 0f8e\n  resourceVersion: \"4711\"\n  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: trainer-7d9f, uid: 1a2b, controller: true}]\nspec:\n  resourceClaims: [{name: gpu, resourceClaimTemplateName: single-gpu}]\n  containers: [{name: app, image: app, resources: {claims: [{name: gpu}]}}]\nstatus: {phase: Running}\n";
+    let out = drafs_with_stdin(&["inject"], live);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("Pod trainer-7d9f-x2k is a live object")
+            && err.contains("the ReplicaSet trainer-7d9f that owns it"),
+        "{err}"
+    );
+    assert!(stdout(&out).is_empty());
+}
+
+#[test]
+fn a_file_without_the_claim_says_so_and_how_to_add_it() {
+    let full = read("examples/offline/gpu-training.yaml");
+    let pod_only: String = full.split("\n---\n").next().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pod.yaml");
+    std::fs::write(&file, &pod_only).unwrap();
+    let out = std::process::Command::new(drafs_bin()).args(["get", "--from-file"]).arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("ResourceClaim trainer-0-gpu-x7k2p is not in {}", file.display()))
+            && err.contains("kubectl get resourceclaim -n ml trainer-0-gpu-x7k2p -o yaml"),
+        "{err}"
+    );
+    // From standard input the message names it.
+    let out = drafs_with_stdin(&["get", "--from-file", "-"], &pod_only);
+    assert!(stderr(&out).contains("is not in standard input"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_missing_kubeconfig_is_named_once_quoted() {
+    let out = std::process::Command::new(drafs_bin())
+        .args(["get", "--pod-name", "p", "--pod-namespace", "ns"])
+        .env("KUBECONFIG", "/nonexistent/drafs-config")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("'/nonexistent/drafs-config'") && !err.contains("'\"/nonexistent"), "{err}");
+}
