@@ -86,16 +86,7 @@ fn copy_self_installs_a_runnable_copy() {
 }
 
 fn inject(mode: &str, input: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new(drafs_bin())
-        .args(["inject", "--mode", mode, "--image", "drafs:test"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = wait_output(child, LIMIT);
+    let out = drafs_with_stdin(&["inject", "--mode", mode, "--image", "drafs:test"], input);
     assert!(out.status.success(), "{}", stderr(&out));
     stdout(&out)
 }

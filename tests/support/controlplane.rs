@@ -116,15 +116,6 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("{cmd:?}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
 /// Remove scratch directories of test processes that are gone.
 fn sweep_stale_scratch() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
@@ -141,6 +132,8 @@ fn sweep_stale_scratch() {
 
 /// Make a CA, a serving certificate for 127.0.0.1 signed by it, and the
 /// service-account signing key.
+use super::tls::run;
+
 fn make_certs(dir: &Path) -> Result<(), String> {
     let p = |f: &str| dir.join(f);
     super::tls::ca(dir, "ca")?;

@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::process::Command;
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Run a command to its end: Ok, or its status and stderr.
+pub fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if out.status.success() {
         Ok(())
