@@ -64,7 +64,7 @@ pub enum Command {
     /// Print Kubernetes manifests drafs needs (`drafs manifests rbac --namespace NS | kubectl apply -f -`).
     #[command(subcommand)]
     Manifests(ManifestsCommand),
-    /// Add drafs to Pod/Deployment/StatefulSet/Job/DaemonSet YAML read on stdin; print the result.
+    /// Add drafs to Pod/Deployment/StatefulSet/Job/DaemonSet manifests (files, directories or stdin); print them.
     Inject(InjectArgs),
     /// Resolve once and print the devices and their attributes.
     Get(GetArgs),
