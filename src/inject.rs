@@ -329,20 +329,25 @@ fn account_is_unchosen(spec: &Value) -> bool {
 /// Remove the token the ServiceAccount admission plugin mounted into every
 /// container (a pod seen by the webhook has it): the app gets no credentials.
 fn remove_automounted_token(spec: &mut Value) {
-    let is_automount = |name: &str| name.starts_with(AUTOMOUNT_VOLUME_PREFIX);
+    // Only the plugin's own volume: its name, and a projected service-account token in it.
+    let is_automount = |v: &Value| {
+        v["name"].as_str().is_some_and(|n| n.starts_with(AUTOMOUNT_VOLUME_PREFIX))
+            && v.pointer("/projected/sources")
+                .and_then(Value::as_array)
+                .is_some_and(|s| s.iter().any(|src| src.get("serviceAccountToken").is_some()))
+    };
     let removed: Vec<String> = spec
         .get("volumes")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|v| v["name"].as_str())
-        .filter(|n| is_automount(n))
-        .map(str::to_string)
+        .filter(|v| is_automount(v))
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
         .collect();
     if removed.is_empty() {
         return;
     }
-    array(spec, "volumes").retain(|v| !v["name"].as_str().is_some_and(is_automount));
+    array(spec, "volumes").retain(|v| !is_automount(v));
     for key in ["initContainers", "containers", "ephemeralContainers"] {
         for c in spec.get_mut(key).and_then(Value::as_array_mut).into_iter().flatten() {
             if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
@@ -571,6 +576,26 @@ spec:
         assert_eq!(once, twice);
         assert_eq!(outcomes[0], Outcome::AlreadyInjected("Deployment trainer".into()));
         assert_eq!(outcomes[1], Outcome::NotAWorkload("ConfigMap c".into()));
+    }
+
+    #[test]
+    fn only_the_admission_plugins_token_volume_is_removed() {
+        let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {
+            "serviceAccountName": "default",
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}, "volumeMounts": [
+                {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                {"name": "kube-api-access-mine", "mountPath": "/data"}]}],
+            "volumes": [
+                {"name": "kube-api-access-abcde", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+                {"name": "kube-api-access-mine", "emptyDir": {}}]}}"#;
+        let mut doc: Value = serde_json::from_str(pod).unwrap();
+        inject_value(&mut doc, &opts(Mode::Init), &mut Vec::new()).unwrap();
+        let names: Vec<&str> =
+            doc["spec"]["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+        assert!(!names.contains(&"kube-api-access-abcde") && names.contains(&"kube-api-access-mine"), "{names:?}");
+        let mounts = &doc["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(mounts[0]["name"], "kube-api-access-mine", "{mounts}");
     }
 
     #[test]
