@@ -248,8 +248,7 @@ fn serve_keeps_serving_through_a_full_disk_and_recovers_by_itself() {
     let _unmount = Unmount(disk.clone());
     let dir = disk.join("dra");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metrics-addr", &addr], LIMIT);
 
     // The disk fills up, then a value changes: the write fails.
     let mut filler = std::fs::File::create(disk.join("filler")).unwrap();
@@ -279,8 +278,7 @@ fn a_flood_of_slow_metrics_clients_is_bounded_and_probes_still_answer() {
     let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let dir = env.path("dra");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metrics-addr", &addr]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metrics-addr", &addr], LIMIT);
     let pid = serve.child.as_ref().unwrap().id();
     let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
     let baseline = fds();

@@ -32,8 +32,7 @@ fn fuse_tree_equals_init_tree_and_is_read_only() {
     }
     let (_api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &["--metadata-dir", env.path("meta-serve").to_str().unwrap()]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let _serve = Serve::start_ready(&env, &mnt, &["--metadata-dir", env.path("meta-serve").to_str().unwrap()], LIMIT);
     assert!(is_mounted(&mnt));
     let init_dir = env.path("init");
     let out = env.run(
@@ -69,8 +68,7 @@ fn fuse_updates_values_status_and_removals_live() {
     }
     let (api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     let ino = |rel: &str| std::fs::metadata(mnt.join(rel)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     let (name_before, mtu_before, dir_before) = (ino(NIC0_IFNAME), ino("nics/rdma/0/mtu"), ino("nics/rdma/0"));
 
@@ -152,8 +150,7 @@ fn watches_survive_api_restart_and_410_gone() {
     let (mut api, env) = rdma();
     api.set_bookmark_interval(Duration::from_millis(100));
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     wait_until("both watches", LIMIT, || api.requests().iter().filter(|r| r.verb == "watch").count() >= 2);
 
     // Every connection cut: the watches resume (from now on without bookmarks,
@@ -182,8 +179,7 @@ fn api_outage_keeps_serving_the_last_good_tree() {
     }
     let (mut api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     // 500, not 503: the kube client retries 503/429/504 by itself before reporting.
     api.inject(Fault { verb: None, resource: None, status: 500, count: usize::MAX });
     api.restart();
@@ -206,8 +202,7 @@ fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
     }
     let (_api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     // A file held open makes the unmount lazy; SIGTERM still exits 0 and detaches.
     let held = std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap();
     serve.signal(libc::SIGTERM);
@@ -216,8 +211,7 @@ fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
     assert!(!is_mounted(&mnt), "unmounted");
     drop(held);
 
-    let mut first = Serve::start(&env, &mnt, &[]);
-    first.wait_for(".ready", Some(""), LIMIT);
+    let mut first = Serve::start_ready(&env, &mnt, &[], LIMIT);
     first.signal(libc::SIGKILL);
     let _ = first.wait(LIMIT);
     assert!(is_mounted(&mnt), "a killed server leaves its mount behind");
@@ -258,8 +252,7 @@ fn not_ready_by_the_deadline_fails_and_unmounts() {
 fn files_backend_serves_and_updates_without_privileges() {
     let (api, env) = rdma();
     let dir = env.path("files");
-    let mut serve = Serve::start(&env, &dir, &["--backend", "files"]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
     assert!(!is_mounted(&dir));
     let init_dir = env.path("init");
     assert!(env.run(&["init", "--dir", init_dir.to_str().unwrap()], LIMIT).status.success());
@@ -327,8 +320,7 @@ fn ordinary_readers_do_not_flood_the_log_and_ioctl_is_enotty() {
     }
     let (_api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     // Python's open() asks whether the file is a terminal (an ioctl) on every open.
     let script = "import sys, fcntl, termios, errno\n\
         p = sys.argv[1]\n\
@@ -353,8 +345,7 @@ fn fuse_readers_never_see_a_value_that_was_not_published() {
     }
     let (api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     let long = format!("a-much-longer-value-{}", "x".repeat(100));
     let values = ["s".to_string(), long, "mid-length-val".to_string()];
     set_nic_attribute(&api, "dra.net/ifName", &values[0]);
@@ -407,8 +398,7 @@ fn fuse_mounts_are_owned_one_serve_per_directory_and_unmount_only_touches_drafs(
     }
     let (_api, env) = rdma();
     let mnt = env.path("mnt");
-    let mut first = Serve::start(&env, &mnt, &[]);
-    first.wait_for(".ready", Some(""), LIMIT);
+    let mut first = Serve::start_ready(&env, &mnt, &[], LIMIT);
 
     // A second instance on the same directory refuses, and the first keeps serving.
     let out = env.run(&["serve", "--dir", mnt.to_str().unwrap(), "--timeout", "10s"], LIMIT);
@@ -456,8 +446,7 @@ fn the_standard_view_behaves_like_the_kubelets_across_processes() {
     assert_eq!(generation(), 1);
     // serve after init on the same directory: nothing changed, the generation stays.
     let dir = env.path("dra");
-    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--metadata-dir", &meta_arg]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metadata-dir", &meta_arg], LIMIT);
     assert_eq!(generation(), 1, "a new process does not restart the count");
     // A change: the generation grows.
     set_nic_attribute(&api, "dra.net/ifName", "ens9");
@@ -481,8 +470,7 @@ fn fuse_opens_never_fail_while_every_value_changes() {
     eight_device_slice(&api, 0);
     let env = Env::new(&api, "ml", "p", TOKEN);
     let mnt = env.path("mnt");
-    let mut serve = Serve::start(&env, &mnt, &[]);
-    serve.wait_for(".ready", Some(""), LIMIT);
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = (0..3)
         .map(|_| {

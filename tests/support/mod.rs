@@ -314,6 +314,13 @@ impl Serve {
         Serve { child: Some(env.spawn(&args)), dir: dir.to_path_buf() }
     }
 
+    /// [`Serve::start`], then wait until the tree is ready.
+    pub fn start_ready(env: &Env, dir: &Path, extra: &[&str], limit: Duration) -> Serve {
+        let mut serve = Serve::start(env, dir, extra);
+        serve.wait_for(".ready", Some(""), limit);
+        serve
+    }
+
     /// A `serve` started by the caller (e.g. against the real control plane).
     pub fn from_child(child: Child, dir: &Path) -> Serve {
         Serve { child: Some(child), dir: dir.to_path_buf() }
