@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
-use support::webhook::{WebhookProcess, tls_config};
+use support::webhook::{WebhookProcess, create_review, tls_config};
 
 const REVIEWS: usize = 2000;
 
@@ -37,22 +37,12 @@ fn review(containers: usize) -> Vec<u8> {
             ]
         })
         .collect();
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-4000-8000-000000000000",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE", "namespace": "ml",
-            "object": {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"generateName": "trainer-", "labels": {"drafs.dev/inject": "sidecar-files"},
-                             "annotations": {"drafs.dev/metadata-dir": "/var/run/kubernetes.io/dra-device-attributes"}},
-                "spec": {"serviceAccountName": "default",
-                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-                         "containers": containers, "volumes": volumes}}
-        }
-    }))
-    .unwrap()
+    create_review(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "labels": {"drafs.dev/inject": "sidecar-files"},
+                     "annotations": {"drafs.dev/metadata-dir": "/var/run/kubernetes.io/dra-device-attributes"}},
+        "spec": {"serviceAccountName": "default",
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+                 "containers": containers, "volumes": volumes}}))
 }
 
 /// `reviews` reviews on one kept-alive connection; the time of each.

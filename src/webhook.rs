@@ -296,6 +296,8 @@ async fn follow_certs(files: CertFiles, current: Arc<CurrentCert>, metrics: Arc<
         if now == last {
             continue;
         }
+        // A file that does not load is tried again at its next change.
+        last = now;
         match files.load() {
             Ok(cert) => {
                 if let Ok(mut c) = current.0.write() {
@@ -303,13 +305,10 @@ async fn follow_certs(files: CertFiles, current: Arc<CurrentCert>, metrics: Arc<
                 }
                 metrics.cert_reloads.fetch_add(1, Ordering::Relaxed);
                 info!(cert = %files.cert.display(), "certificate reloaded");
-                last = now;
             }
             Err(e) => {
                 metrics.cert_errors.fetch_add(1, Ordering::Relaxed);
                 warn!("certificate files changed but cannot be used, keeping the previous one: {e}");
-                // Retried at the next change of either file.
-                last = now;
             }
         }
     }

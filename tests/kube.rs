@@ -570,10 +570,7 @@ fn local_webhook_configuration(hook: &support::webhook::WebhookProcess) -> Value
 }
 
 fn webhook_reviews(metrics_addr: &str) -> u64 {
-    let mut s = std::net::TcpStream::connect(metrics_addr).unwrap();
-    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    let (_, text) = http_get(metrics_addr, "/metrics").expect("webhook metrics");
     text.lines()
         .filter(|l| l.starts_with("drafs_webhook_reviews_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
@@ -583,8 +580,7 @@ fn webhook_reviews(metrics_addr: &str) -> u64 {
 #[test]
 fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
     let Some(cp) = controlplane::shared() else { return };
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let hook = support::webhook::WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
     let ns = support::cluster::unique("webhook");
     cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));

@@ -6,32 +6,20 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::webhook::{WebhookProcess, request};
-use support::{drafs_bin, tls, wait_output, wait_until};
+use support::webhook::{WebhookProcess, create_review, request};
+use support::{drafs_bin, free_port, http_get, tls, wait_output, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn review(labels: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "b0a5a1f2-0000-4000-8000-000000000001",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "ml",
-            "object": {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"generateName": "trainer-", "labels": labels},
-                "spec": {
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-                    "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}]
-                }
-            }
+    create_review(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "labels": labels},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+            "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}]
         }
     }))
-    .unwrap()
 }
 
 fn json_body(body: &[u8]) -> Value {
@@ -86,8 +74,7 @@ fn webhook_max_body() -> usize {
 
 #[test]
 fn rotated_certificates_are_served_without_a_restart_and_broken_ones_are_not() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_addr = format!("127.0.0.1:{port}");
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let hook = WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
     let dir = hook.dir.path();
     // A new CA and certificate, swapped in as a Secret volume update does.
@@ -112,17 +99,14 @@ fn rotated_certificates_are_served_without_a_restart_and_broken_ones_are_not() {
 }
 
 fn metrics_text(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
-    out
+    let (code, text) = http_get(addr, "/metrics").expect("metrics answer");
+    assert_eq!(code, 200, "{text}");
+    text
 }
 
 #[test]
 fn reviews_are_counted_and_timed_in_the_metrics() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_addr = format!("127.0.0.1:{port}");
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let hook = WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
     for labels in [json!({"drafs.dev/inject": "init"}), json!({"drafs.dev/inject": "x"}), json!({})] {
         request(hook.addr, &hook.ca(), "POST", "/mutate", &review(labels)).unwrap();

@@ -11,7 +11,6 @@
 //! their scratch directories are removed on drop, and by the next start once
 //! their process is gone.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -112,10 +111,6 @@ fn spawn_kept(cmd: Command) -> std::io::Result<Child> {
     reply_rx.recv().map_err(|_| std::io::Error::other("keeper gone"))?
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Remove scratch directories of test processes that are gone.
 fn sweep_stale_scratch() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
@@ -132,6 +127,7 @@ fn sweep_stale_scratch() {
 
 /// Make a CA, a serving certificate for 127.0.0.1 signed by it, and the
 /// service-account signing key.
+use super::free_port;
 use super::tls::run;
 
 fn make_certs(dir: &Path) -> Result<(), String> {

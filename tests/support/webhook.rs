@@ -89,6 +89,23 @@ impl Drop for WebhookProcess {
     }
 }
 
+/// An AdmissionReview of the API server creating `pod`, as a request body.
+pub fn create_review(pod: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "b0a5a1f2-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "ml",
+            "object": pod,
+        }
+    }))
+    .unwrap()
+}
+
 /// A client trusting only `ca`.
 pub fn tls_config(ca: &Path) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
