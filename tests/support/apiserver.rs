@@ -675,21 +675,16 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             Some(_) => None,
         }
     };
+    // An answer to this request that ends it early, recorded like any other.
+    let resource = route.res.name();
+    let early = |response| Ok(record(&shared, arrived, verb, resource, &path, &query, response));
     if let Some(denied) = response {
-        return Ok(record(&shared, arrived, verb, route.res.name(), &path, &query, denied));
+        return early(denied);
     }
     let selector = match parse_selector(route.res, params.get("fieldSelector").map(String::as_str).unwrap_or("")) {
         Ok(s) => s,
         Err(e) => {
-            return Ok(record(
-                &shared,
-                arrived,
-                verb,
-                route.res.name(),
-                &path,
-                &query,
-                status_response(400, "BadRequest", &e),
-            ));
+            return early(status_response(400, "BadRequest", &e));
         }
     };
     let response = match verb {
@@ -739,31 +734,15 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
                 None => (s.rv, None),
                 Some(token) => match token.split_once('|').and_then(|(rv, key)| Some((rv.parse::<u64>().ok()?, key))) {
                     Some((rv, _)) if rv < s.compacted => {
-                        return Ok(record(
-                            &shared,
-                            arrived,
-                            verb,
-                            route.res.name(),
-                            &path,
-                            &query,
-                            status_response(
-                                410,
-                                "Expired",
-                                "The provided continue parameter is too old to display a consistent list result.",
-                            ),
+                        return early(status_response(
+                            410,
+                            "Expired",
+                            "The provided continue parameter is too old to display a consistent list result.",
                         ));
                     }
                     Some((rv, key)) => (rv, Some(key.to_string())),
                     None => {
-                        return Ok(record(
-                            &shared,
-                            arrived,
-                            verb,
-                            route.res.name(),
-                            &path,
-                            &query,
-                            status_response(400, "BadRequest", "invalid continue token"),
-                        ));
+                        return early(status_response(400, "BadRequest", "invalid continue token"));
                     }
                 },
             };
