@@ -1,0 +1,128 @@
+// Command dra-driver is the real node tier's DRA driver: the upstream test
+// driver's kubelet plugin (k8s.io/kubernetes/test/e2e/dra/test-driver/app,
+// the same gRPC, registration, ResourceSlice controller and optional KEP-5304
+// metadata as any driver built on the kubelet plugin library), publishing the
+// devices a JSON file describes, so that they carry realistic attributes and
+// capacities (the stock driver publishes bare devices). When the file changes
+// the driver republishes its slices, as a driver does when a device changes.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/test/e2e/dra/test-driver/app"
+)
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the driver's identity")
+	nodeName := flag.String("node-name", "", "the node whose devices this driver publishes")
+	driverName := flag.String("driver-name", "", "the driver's name (a DNS subdomain)")
+	pluginsDir := flag.String("datadir", "", "the kubelet's plugins directory (the socket goes to DATADIR/DRIVER)")
+	registryDir := flag.String("plugin-registration-path", "", "the kubelet's plugin registration directory")
+	cdiDir := flag.String("cdi-dir", "", "where the driver writes its CDI specs")
+	devicesFile := flag.String("devices", "", "JSON list of resource.k8s.io/v1 Devices to publish; re-read when it changes")
+	metadata := flag.Bool("enable-device-metadata", false, "write KEP-5304 device metadata for prepared claims")
+	flag.Parse()
+	if *nodeName == "" || *driverName == "" || *pluginsDir == "" || *registryDir == "" || *cdiDir == "" || *devicesFile == "" {
+		fmt.Fprintln(os.Stderr, "dra-driver: --node-name, --driver-name, --datadir, --plugin-registration-path, --cdi-dir and --devices are required")
+		os.Exit(2)
+	}
+	if err := run(*kubeconfig, *nodeName, *driverName, *pluginsDir, *registryDir, *cdiDir, *devicesFile, *metadata); err != nil {
+		fmt.Fprintf(os.Stderr, "dra-driver: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func resources(node string, devices []resourceapi.Device) resourceslice.DriverResources {
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devices}}}},
+	}
+}
+
+func load(path, node string) ([]byte, *resourceslice.DriverResources, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var devices []resourceapi.Device
+	if err := json.Unmarshal(raw, &devices); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	r := resources(node, devices)
+	return raw, &r, nil
+}
+
+func run(kubeconfig, node, driver, pluginsDir, registryDir, cdiDir, devicesFile string, metadata bool) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+	datadir := filepath.Join(pluginsDir, driver)
+	for _, dir := range []string{datadir, registryDir, cdiDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return err
+		}
+	}
+	raw, published, err := load(devicesFile, node)
+	if err != nil {
+		return err
+	}
+	plugin, err := app.StartPlugin(klog.NewContext(ctx, klog.Background()), cdiDir, driver, client, node,
+		app.FileOperations{DriverResources: published},
+		app.Options{EnableHealthService: true},
+		kubeletplugin.PluginDataDirectoryPath(datadir),
+		kubeletplugin.RegistrarDirectoryPath(registryDir),
+		kubeletplugin.EnableDeviceMetadata(metadata, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}),
+	)
+	if err != nil {
+		return err
+	}
+	defer plugin.Stop()
+	fmt.Fprintf(os.Stderr, "dra-driver: %s serving on node %s (metadata %v)\n", driver, node, metadata)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		now, next, err := load(devicesFile, node)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dra-driver: keeping the published devices: %v\n", err)
+			continue
+		}
+		if bytes.Equal(now, raw) {
+			continue
+		}
+		raw = now
+		if err := plugin.PublishResources(ctx, *next); err != nil {
+			fmt.Fprintf(os.Stderr, "dra-driver: republish: %v\n", err)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "dra-driver: republished %s\n", devicesFile)
+	}
+}
