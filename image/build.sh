@@ -25,9 +25,10 @@ else
     echo "musl target unavailable: linking glibc statically (crt-static)" >&2
     RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile image --locked --target "$target" >&2
 fi
-bin=target/$target/image/drafs
+target_dir=${CARGO_TARGET_DIR:-target}
+bin=$target_dir/$target/image/drafs
 
-context=target/image
+context=$target_dir/image
 rm -rf "$context" && mkdir -p "$context"
 cp "$bin" "$context/drafs"
 

@@ -17,6 +17,7 @@ pub const INJECT_LABEL: &str = "drafs.dev/inject";
 /// Per-pod options, as annotations.
 pub const DIR_ANNOTATION: &str = "drafs.dev/dir";
 pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
+pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
 pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
 pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
 
@@ -158,6 +159,22 @@ fn options(pod: &Value, label: &Value, image: &str) -> Result<Options, String> {
         })?;
         opts.metadata_dir = Some(dir.to_string());
     }
+    if let Some(list) = annotation(METADATA_FROM_DRIVERS_ANNOTATION) {
+        if opts.metadata_dir.is_none() {
+            return Err(format!(
+                "annotation {METADATA_FROM_DRIVERS_ANNOTATION} needs {METADATA_DIR_ANNOTATION} (the standard view it applies to)"
+            ));
+        }
+        opts.metadata_from_drivers = list
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                crate::cli::parse_driver_name(d)
+                    .map_err(|e| format!("annotation {METADATA_FROM_DRIVERS_ANNOTATION}: {e} (comma-separated)"))
+            })
+            .collect::<Result<_, _>>()?;
+    }
     if let Some(list) = annotation(REQUIRE_ANNOTATION) {
         opts.require = list
             .split(',')
@@ -291,6 +308,7 @@ mod tests {
             p["metadata"]["labels"][INJECT_LABEL] = json!("sidecar-files");
             p["metadata"]["annotations"] = json!({
                 METADATA_DIR_ANNOTATION: "/var/run/kubernetes.io/dra-device-attributes",
+                METADATA_FROM_DRIVERS_ANNOTATION: "dra.net, gpu.example.com",
                 REQUIRE_ANNOTATION: "gpu/gpu/0/uuid, gpu/gpu/0/resource.kubernetes.io/pciBusID",
                 TIMEOUT_ANNOTATION: "2m",
             });
@@ -305,6 +323,8 @@ mod tests {
                 "--backend=files",
                 "--dir=/dra",
                 "--metadata-dir=/var/run/kubernetes.io/dra-device-attributes",
+                "--metadata-from-driver=dra.net",
+                "--metadata-from-driver=gpu.example.com",
                 "--require=gpu/gpu/0/uuid",
                 "--require=gpu/gpu/0/resource.kubernetes.io/pciBusID",
                 "--timeout=120s"
@@ -336,6 +356,14 @@ mod tests {
                 "service-account token",
             ),
             (json!({"annotations": {DIR_ANNOTATION: "/"}}), "annotation drafs.dev/dir: \"/\" must not be / itself"),
+            (
+                json!({"annotations": {METADATA_FROM_DRIVERS_ANNOTATION: "dra.net"}}),
+                "annotation drafs.dev/metadata-from-drivers needs drafs.dev/metadata-dir",
+            ),
+            (
+                json!({"annotations": {METADATA_DIR_ANNOTATION: "/var/run/kubernetes.io/dra-device-attributes", METADATA_FROM_DRIVERS_ANNOTATION: "Not_A_Driver"}}),
+                "annotation drafs.dev/metadata-from-drivers: \"Not_A_Driver\" is not a driver name",
+            ),
             (json!({"annotations": {DIR_ANNOTATION: "/a/../b"}}), "clean path"),
         ];
         for (metadata, expected) in cases {

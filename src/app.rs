@@ -23,6 +23,7 @@ use crate::fuse::FuseMount;
 use crate::inject;
 use crate::layout;
 use crate::metadata::{self, Generations};
+use crate::metadata_dir::MetadataDir;
 use crate::metrics::{self, Metrics};
 use crate::objects::FileObjects;
 use crate::reconcile::{Mode, Phase, Publication, Reconciler, Step, Transition};
@@ -158,7 +159,7 @@ pub enum PublishError {
     #[error("tree: {0}")]
     Tree(#[source] WriteError),
     #[error("metadata view: {0}")]
-    Metadata(#[source] WriteError),
+    Metadata(#[source] crate::metadata_dir::MetadataDirError),
     #[error("the writer stopped unexpectedly")]
     WriterGone,
 }
@@ -166,13 +167,16 @@ pub enum PublishError {
 /// Publishes each new tree and, when asked, the metadata view.
 struct Publisher {
     tree: TreeOutput,
-    metadata: Option<(AtomicDir, Generations)>,
+    metadata: Option<(MetadataDir, Generations)>,
 }
 
 impl Publisher {
     fn new(tree: TreeOutput, args: &OutputArgs) -> Self {
         // Generations go on from what is in the directory (a restart, or serve after init).
-        let metadata = args.metadata_dir.as_ref().map(|d| (AtomicDir::new(d), Generations::read_back(d)));
+        let metadata = args
+            .metadata_dir
+            .as_ref()
+            .map(|d| (MetadataDir::new(d, args.metadata_from_drivers.iter().cloned()), Generations::read_back(d)));
         Publisher { tree, metadata }
     }
 
@@ -585,6 +589,7 @@ pub fn inject(args: &InjectArgs) -> Result<(), Failure> {
         inject::check_metadata_dir(m, &opts.dir).map_err(|p| Failure::Usage(format!("--metadata-dir {m:?} {p}")))?;
         opts.metadata_dir = Some(m.clone());
     }
+    opts.metadata_from_drivers = args.metadata_from_drivers.clone();
     let mut out = String::new();
     for (name, text) in inject_inputs(args)? {
         let (injected, outcomes) = inject::inject(&text, &opts).map_err(|e| Failure::Failed(format!("{name}: {e}")))?;

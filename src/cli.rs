@@ -113,12 +113,24 @@ pub struct InjectArgs {
     /// (e.g. /var/run/kubernetes.io/dra-device-attributes).
     #[arg(long, value_name = "DIR", value_parser = parse_container_path)]
     pub metadata_dir: Option<String>,
+    /// Passed to drafs: a driver that writes its own standard metadata files, left to it (repeatable).
+    #[arg(long = "metadata-from-driver", value_name = "DRIVER", requires = "metadata_dir", value_parser = parse_driver_name)]
+    pub metadata_from_drivers: Vec<String>,
     /// Passed to drafs: not ready until this path exists, CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable).
     #[arg(long = "require", value_name = "PATH")]
     pub require: Vec<RequirePath>,
     /// Passed to drafs: how long to wait for everything asked for (its default: 5m).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+}
+
+/// A DRA driver name: a DNS subdomain, as the API requires.
+pub fn parse_driver_name(text: &str) -> Result<String, String> {
+    if crate::names::is_dns_subdomain(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a driver name (a DNS subdomain such as gpu.example.com)"))
+    }
 }
 
 /// An image reference: not empty, no spaces or control characters.
@@ -198,6 +210,11 @@ pub struct OutputArgs {
     /// Also write the standard KEP-5304 metadata files here (mount it at /var/run/kubernetes.io/dra-device-attributes).
     #[arg(long, env = "DRAFS_METADATA_DIR", value_name = "DIR")]
     pub metadata_dir: Option<PathBuf>,
+    /// A driver that writes its own standard metadata files (KEP-5304 opt-in): drafs leaves its files to it and
+    /// only makes their mount points (repeatable; env: comma-separated).
+    #[arg(long = "metadata-from-driver", env = "DRAFS_METADATA_FROM_DRIVERS", value_delimiter = ',',
+          value_name = "DRIVER", requires = "metadata_dir", value_parser = parse_driver_name)]
+    pub metadata_from_drivers: Vec<String>,
     /// Not ready until this path exists: CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable; env: comma-separated).
     #[arg(long = "require", env = "DRAFS_REQUIRE", value_delimiter = ',', value_name = "PATH")]
     pub require: Vec<RequirePath>,

@@ -165,6 +165,8 @@ pub struct Options {
     pub dir: String,
     /// Where the standard KEP-5304 view is written and mounted (read-only in the app), if at all.
     pub metadata_dir: Option<String>,
+    /// Passed to drafs as `--metadata-from-driver`: drivers that write their own standard files.
+    pub metadata_from_drivers: Vec<String>,
     /// Passed to drafs as `--require`.
     pub require: Vec<RequirePath>,
     /// Passed to drafs as `--timeout` (its default otherwise); also sizes the startup probe.
@@ -178,6 +180,7 @@ impl Options {
             image: image.into(),
             dir: "/dra".into(),
             metadata_dir: None,
+            metadata_from_drivers: Vec::new(),
             require: Vec::new(),
             timeout: None,
         }
@@ -241,6 +244,7 @@ fn drafs_args(opts: &Options) -> Vec<String> {
     };
     if let Some(m) = &opts.metadata_dir {
         args.push(format!("--metadata-dir={m}"));
+        args.extend(opts.metadata_from_drivers.iter().map(|d| format!("--metadata-from-driver={d}")));
     }
     args.extend(opts.require.iter().map(|r| format!("--require={r}")));
     if let Some(t) = opts.timeout {

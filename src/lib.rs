@@ -13,6 +13,7 @@ pub mod inject;
 pub mod layout;
 pub mod manifests;
 pub mod metadata;
+pub mod metadata_dir;
 pub mod metrics;
 pub mod names;
 pub mod objects;

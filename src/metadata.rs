@@ -25,22 +25,35 @@ pub struct Generations {
 }
 
 impl Generations {
-    /// Read back the generation and content of every file under `dir`.
+    /// Read back the generation and content of drafs's files under `dir`.
+    ///
+    /// Bounded, so that whatever is in the directory cannot stall start-up:
+    /// only the standard layout's depth (`<kind>/<claim>/<request>/<file>`),
+    /// never through a symlink, only regular files of bounded size, and at
+    /// most `MAX_READ_BACK` entries in all.
     pub fn read_back(dir: &std::path::Path) -> Self {
+        const MAX_READ_BACK: usize = 10_000;
         let mut out = Generations::default();
-        let mut stack = vec![dir.to_path_buf()];
-        while let Some(d) = stack.pop() {
+        let mut seen = 0usize;
+        let mut stack = vec![(dir.to_path_buf(), 0usize)];
+        while let Some((d, depth)) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&d) else { continue };
             for entry in entries.flatten() {
+                seen += 1;
+                if seen > MAX_READ_BACK {
+                    return out;
+                }
+                // The entry's own type: a symlink is never followed.
+                let Ok(kind) = entry.file_type() else { continue };
                 let path = entry.path();
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with("..") && d == dir {
-                    continue; // payload directories: the visible paths lead there
-                }
-                if path.is_dir() {
-                    stack.push(path);
-                } else if name.ends_with("-metadata.json")
-                    && let Ok(text) = std::fs::read_to_string(&path)
+                if kind.is_dir() && depth < 3 && !name.starts_with('.') {
+                    stack.push((path, depth + 1));
+                } else if kind.is_file()
+                    && depth == 3
+                    && name.ends_with("-metadata.json")
+                    && let Some(bytes) = crate::metadata_dir::read_regular(&path)
+                    && let Ok(text) = String::from_utf8(bytes)
                     && let Some(first) = text.lines().next()
                     && let Ok(doc) = serde_json::from_str::<Value>(first)
                     && let (Some(generation), Ok(rel)) =
@@ -248,7 +261,7 @@ spec:
 
         // Another process on the same directory goes on counting from it.
         let dir = tempfile_dir();
-        crate::files::AtomicDir::new(&dir).write(&next).unwrap();
+        crate::metadata_dir::MetadataDir::new(&dir, []).write(&next).unwrap();
         let mut read_back = Generations::read_back(&dir);
         let same = build(&changed, &mut read_back, &mut warnings);
         assert_eq!(same, next, "same content: the generation read back, not 1");

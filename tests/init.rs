@@ -180,6 +180,14 @@ fn metadata_view_matches_the_standard_layout() {
     assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
     assert_eq!(files.keys().collect::<Vec<_>>(), vec!["resourceclaimtemplates/nics/rdma/dra.net-metadata.json"]);
+    // No symlink on the way: a container runtime resolves a driver's bind
+    // mount of the same path through it, into a directory drafs later swaps.
+    let mut path = meta.clone();
+    for part in ["resourceclaimtemplates", "nics", "rdma", "dra.net-metadata.json"] {
+        path.push(part);
+        assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink(), "{} is a symlink", path.display());
+    }
+    assert_eq!(std::fs::read_dir(&meta).unwrap().count(), 1, "nothing but the standard layout");
     let text = &files["resourceclaimtemplates/nics/rdma/dra.net-metadata.json"];
     let docs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(text.ends_with('\n'));

@@ -560,21 +560,12 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
 /// The shipped webhook configuration, pointed at a local `drafs webhook` by URL
 /// (the test cluster has no Service routing) with its test CA.
 fn local_webhook_configuration(hook: &support::webhook::WebhookProcess) -> Value {
-    let mut config = yaml_docs(&read("deploy/webhook/core/mutatingwebhookconfiguration.yaml")).remove(0);
-    let ca = std::fs::read(hook.ca()).unwrap();
-    config["webhooks"][0]["clientConfig"] = json!({
-        "url": format!("https://{}/mutate", hook.addr),
-        "caBundle": serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap(),
-    });
-    config
+    support::webhook::configuration_by_url(&format!("https://{}/mutate", hook.addr), &hook.ca())
 }
 
 fn webhook_reviews(metrics_addr: &str) -> u64 {
     let (_, text) = http_get(metrics_addr, "/metrics").expect("webhook metrics");
-    text.lines()
-        .filter(|l| l.starts_with("drafs_webhook_reviews_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    support::webhook::reviews_answered(&text)
 }
 
 #[test]

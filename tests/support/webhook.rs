@@ -166,3 +166,24 @@ fn publish_secret(secret: &Path, version: &str, cert: &Path, key: &Path) {
     std::os::unix::fs::symlink(version, &tmp).unwrap();
     std::fs::rename(&tmp, secret.join("..data")).unwrap();
 }
+
+/// The shipped webhook configuration, pointed at a `drafs webhook` by URL
+/// (test clusters have no Service routing) and trusting the CA in `ca`.
+pub fn configuration_by_url(url: &str, ca: &Path) -> serde_json::Value {
+    let mut config = super::yaml_docs(&super::read("deploy/webhook/core/mutatingwebhookconfiguration.yaml")).remove(0);
+    let ca = std::fs::read(ca).unwrap();
+    config["webhooks"][0]["clientConfig"] = serde_json::json!({
+        "url": url,
+        "caBundle": serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap(),
+    });
+    config
+}
+
+/// The reviews a webhook answered, summed over verdicts, from its metrics text.
+pub fn reviews_answered(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("drafs_webhook_reviews_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
