@@ -568,8 +568,9 @@ pub async fn exec(args: &ExecArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::Failed(e.to_string()))?;
     let (program, rest) =
         args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
+    // A value is a driver's text: escaped, it cannot forge a log line or drive a terminal.
     for (name, value) in &vars {
-        info!(%name, %value, "setting");
+        info!(%name, value = %printable(value), "setting");
     }
     let err = std::process::Command::new(program).args(rest).envs(vars).exec();
     Err(Failure::Failed(format!("cannot run {program}: {err}")))

@@ -71,6 +71,39 @@ fn exec_refuses_missing_values_unless_optional() {
 }
 
 #[test]
+fn exec_logs_device_values_escaped_and_passes_them_exact() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    // A driver's value that would forge a log line and drive the terminal.
+    let hostile = "GPU-1\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[2J\u{7}";
+    api.apply(slice(
+        "s",
+        "gpu.example.com",
+        "n1",
+        1,
+        Some("n1"),
+        &[("g0", serde_json::json!({"uuid": {"string": hostile}}))],
+    ));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
+    let from_dir = ["exec", "--from-dir", dir.to_str().unwrap()];
+    for source in [&from_dir[..], &["exec"][..]] {
+        let mut args = source.to_vec();
+        args.extend(["--env", "UUID=gpu/gpu/0/uuid", "--", "sh", "-c", r#"printf '%s' "$UUID""#]);
+        let out = env.run(&args, LIMIT);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stdout(&out), hostile, "the command gets the exact value");
+        let log = stderr(&out);
+        assert!(log.contains("setting"), "the info line is there: {log}");
+        assert!(!log.lines().any(|l| l.contains("forged line") && !l.contains("setting")), "a forged line: {log}");
+        assert!(!log.chars().any(|c| c.is_control() && c != '\n'), "control characters in the log: {log:?}");
+        assert!(log.contains(r"GPU-1\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[2J\u{7}"), "{log}");
+    }
+}
+
+#[test]
 fn copy_self_installs_a_runnable_copy() {
     let dir = tempfile::tempdir().unwrap();
     let to = dir.path().join("shared");
