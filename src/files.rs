@@ -84,7 +84,10 @@ impl AtomicDir {
         }
 
         // User-visible names: add new links, drop those whose target is gone.
-        for name in &top {
+        // `.ready` is linked last: a reader that sees it sees the whole tree.
+        let ready = crate::layout::READY;
+        let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
+        for name in rest.into_iter().chain(last) {
             let link = self.dir.join(name);
             if fs::symlink_metadata(&link).is_err() {
                 symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
@@ -276,6 +279,55 @@ mod tests {
         assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
         assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
         assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    /// A reader that sees `.ready` must see the whole tree (docs/tree.md): on
+    /// the first write, and when a later write makes the tree ready.
+    #[test]
+    fn ready_never_appears_before_the_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let ready_tree = tree(&[
+            (".json", "{}"),
+            (".ready", ""),
+            ("gpu/gpu/0/uuid", "A"),
+            ("nics/rdma/0/mtu", "9000"),
+            ("zz/z/0/last", "z"),
+        ]);
+        let waiting = tree(&[(".json", "{}"), ("gpu/gpu/0/uuid", "A")]);
+        let mut early = 0;
+        for round in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            fs::create_dir(&dir).unwrap();
+            let mut w = AtomicDir::new(&dir);
+            if round % 2 == 1 {
+                w.write(&waiting).unwrap();
+            }
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if dir.join(".ready").exists() {
+                            return dir.join("nics/rdma/0/mtu").exists() && dir.join("zz/z/0/last").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&ready_tree).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                early += 1;
+            }
+        }
+        assert_eq!(early, 0, "rounds in which .ready was there before the tree");
     }
 
     #[test]

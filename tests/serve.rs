@@ -275,6 +275,44 @@ fn files_backend_serves_and_updates_without_privileges() {
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
 }
 
+/// docs/tree.md: once `.ready` is there, so is everything it vouches for. A
+/// reader racing the first publish never sees `.ready` without the tree, with
+/// either backend.
+#[test]
+fn a_reader_that_sees_ready_sees_the_whole_tree() {
+    let fixture = repo_path("examples/offline/rdma-network.yaml");
+    let mut backends = vec!["files"];
+    if require_fuse() {
+        backends.push("fuse");
+    }
+    let (_api, env) = rdma();
+    for backend in backends {
+        for round in 0..12 {
+            let dir = env.path(&format!("{backend}-{round}"));
+            std::fs::create_dir(&dir).unwrap();
+            let reader = {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let deadline = std::time::Instant::now() + LIMIT;
+                    // Spin: the window between two links is microseconds.
+                    while !dir.join(".ready").exists() {
+                        assert!(std::time::Instant::now() < deadline, "no .ready at {}", dir.display());
+                    }
+                    dir.join("nics/rdma/1/.status/interfaceName").exists()
+                })
+            };
+            let serve = Serve::start(
+                &env,
+                &dir,
+                &["--backend", backend, "--from-file", fixture.to_str().unwrap(), "--termination-log", "/dev/null"],
+            );
+            let whole = reader.join().unwrap();
+            drop(serve);
+            assert!(whole, "{backend}, round {round}: .ready was there before the tree");
+        }
+    }
+}
+
 #[test]
 fn probe_without_a_tree() {
     let dir = tempfile::tempdir().unwrap();
