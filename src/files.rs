@@ -31,6 +31,10 @@ pub enum WriteError {
         "refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})"
     )]
     Foreign { path: PathBuf, name: String },
+    #[error(
+        "another drafs is writing to {path} (a second init or serve given the same --dir or --metadata-dir?); refusing to write beside it"
+    )]
+    Busy { path: PathBuf },
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
@@ -38,15 +42,53 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Wri
 }
 
 /// Writes trees into one directory; remembers the last one to skip no-op writes.
+///
+/// It holds an exclusive `flock` on the directory from its first write (or
+/// [`AtomicDir::open`]) until it is dropped: two writers would each remove the
+/// other's payload mid-write, so a second one is refused. The lock goes away
+/// with the process, so a restarted drafs (or `serve` after `init`) takes over.
 #[derive(Debug)]
 pub struct AtomicDir {
     dir: PathBuf,
     last: Option<Tree>,
+    lock: Option<fs::File>,
 }
 
 impl AtomicDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        AtomicDir { dir: dir.into(), last: None }
+        AtomicDir { dir: dir.into(), last: None, lock: None }
+    }
+
+    /// Take the directory for this writer now if it exists (a second writer is
+    /// refused at start, [`WriteError::Busy`]); one that does not exist yet is
+    /// created and taken at the first write, so a run that fails before it
+    /// leaves nothing behind.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, WriteError> {
+        let mut out = Self::new(dir);
+        if out.dir.is_dir() {
+            out.lock()?;
+        }
+        Ok(out)
+    }
+
+    fn lock(&mut self) -> Result<(), WriteError> {
+        if self.lock.is_some() {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
+        let file = fs::File::open(&self.dir).map_err(io_err("open", &self.dir))?;
+        // SAFETY: flock on a descriptor we own; it has no memory effects.
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(WriteError::Busy { path: self.dir.clone() });
+            }
+            // A filesystem without flock: write unguarded rather than not at all.
+            tracing::debug!(dir = %self.dir.display(), "cannot lock the directory ({err}); writing without the lock");
+        }
+        self.lock = Some(file);
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -58,7 +100,7 @@ impl AtomicDir {
         if self.last.as_ref() == Some(tree) {
             return Ok(false);
         }
-        fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
+        self.lock()?;
         let top = tree.top_level();
         self.check_top_level(&top)?;
 
@@ -275,10 +317,28 @@ mod tests {
         assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed");
 
         // A new writer (a restarted process) takes over and removes the old payload.
+        drop(w);
         let mut again = AtomicDir::new(&dir);
         assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
         assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
         assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    #[test]
+    fn one_writer_per_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut first = AtomicDir::open(&dir).unwrap();
+        assert!(first.write(&tree(&[("gpu/gpu/0/uuid", "A")])).unwrap());
+        let mut second = AtomicDir::new(&dir);
+        let err = second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap_err();
+        assert!(matches!(err, WriteError::Busy { .. }), "{err}");
+        assert!(matches!(AtomicDir::open(&dir).unwrap_err(), WriteError::Busy { .. }));
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "A", "the first writer's tree is intact");
+        assert_eq!(payload_dirs(&dir).len(), 1, "the refused writer left nothing");
+        drop(first);
+        assert!(second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
     }
 
     /// A reader that sees `.ready` must see the whole tree (docs/tree.md): on

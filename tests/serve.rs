@@ -313,6 +313,38 @@ fn a_reader_that_sees_ready_sees_the_whole_tree() {
     }
 }
 
+/// Two writers on one directory delete each other's half-written payloads:
+/// the second is refused, naming the reason, and the first is undisturbed.
+#[test]
+fn a_second_writer_of_a_directory_is_refused() {
+    let (api, env) = rdma();
+    let (dir, meta) = (env.path("files"), env.path("meta"));
+    let (d, m) = (dir.to_str().unwrap(), meta.to_str().unwrap());
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metadata-dir", m], LIMIT);
+    let other = env.path("other");
+    let o = other.to_str().unwrap();
+    for args in [
+        vec!["init", "--dir", d],
+        vec!["serve", "--backend", "files", "--dir", d],
+        vec!["init", "--dir", o, "--metadata-dir", m],
+        vec!["serve", "--backend", "files", "--dir", o, "--metadata-dir", m],
+    ] {
+        let out = env.run(&args, LIMIT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("another drafs is writing to"), "{args:?}: {err}");
+    }
+    // The first writer still follows changes.
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+    // Once it is gone, the directory can be written again.
+    let out = env.run(&["init", "--dir", d, "--metadata-dir", m], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(read_tree(&dir)[NIC0_IFNAME], "ens9");
+}
+
 #[test]
 fn probe_without_a_tree() {
     let dir = tempfile::tempdir().unwrap();
