@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 
 use crate::tree::RequirePath;
 
+mod yaml;
+
 pub const CONTAINER: &str = "drafs";
 const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
@@ -505,26 +507,27 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
     Ok(())
 }
 
-/// Parse YAML documents, inject, and print them again.
+/// Parse YAML documents, inject, and print them again. drafs works on the
+/// values kubectl reads (YAML 1.1); everything it did not change is written
+/// as it was, so each scalar keeps its meaning (see [`yaml`]).
 pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), InjectError> {
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| InjectError::Parse(e.to_string()))?;
+    let docs = yaml::parse(text).map_err(|e| InjectError::Parse(e.to_string()))?;
     let mut outcomes = Vec::new();
     let mut out = String::new();
-    for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
-        if let Some(e) = live_pod(&doc) {
+    for doc in docs {
+        let old = doc.value().map_err(|e| InjectError::Parse(e.to_string()))?;
+        if old.is_null() {
+            continue;
+        }
+        if let Some(e) = live_pod(&old) {
             return Err(e);
         }
-        inject_value(&mut doc, opts, &mut outcomes)?;
+        let mut new = old.clone();
+        inject_value(&mut new, opts, &mut outcomes)?;
         if !out.is_empty() {
             out.push_str("---\n");
         }
-        out.push_str(&serde_saphyr::to_string(&doc).map_err(|e| InjectError::Write(e.to_string()))?);
-        if !out.ends_with('\n') {
-            out.push('\n');
-        }
+        out.push_str(&doc.emit(&old, &new).map_err(|e| InjectError::Write(e.to_string()))?);
     }
     Ok((out, outcomes))
 }
