@@ -783,6 +783,19 @@ impl<'a> Writer<'a> {
             if i > 0 || !first_inline {
                 self.indent(indent);
             }
+            // A quoted key every reader reads as the same string is written plain
+            // (JSON input quotes every key); values keep their quotes.
+            let k = match k {
+                Out::Node { node: Node::Scalar { text, style, props }, .. }
+                    if props.anchor == 0
+                        && props.tag.is_none()
+                        && matches!(style, ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted)
+                        && fresh_string(text) == *text =>
+                {
+                    Out::FreshKey(text)
+                }
+                other => other,
+            };
             let key = match self.shape(k) {
                 Shape::Inline(text) if text.starts_with('*') => text + " ",
                 Shape::Inline(text) if text.is_empty() => "~".into(),
@@ -1019,6 +1032,14 @@ mod tests {
             "spec:\n  mode: 0644\n  list:\n  - name: new\n    v: \"yes\"\n    \"n\": 292\n  - name: a\n    v: on\n  - name: b\n    v: 0x10\n    added:\n    - --dir=/dra\n    - 10m\n    - \"2001-01-01\"\n    - \"1:20\"\n    - \"\"\n    - \"x y\"\n  extra:\n    runAsNonRoot: false\n"
         );
         assert_eq!(value_of(&out), new);
+    }
+
+    #[test]
+    fn json_keys_come_out_plain_and_values_as_written() {
+        let text = r#"{"kind": "Pod", "n": "yes", "spec": {"port": 80, "dir": "/dra", "on": true}}"#;
+        let out = emit_same(text);
+        assert_eq!(out, "kind: \"Pod\"\n\"n\": \"yes\"\nspec:\n  port: 80\n  dir: \"/dra\"\n  \"on\": true\n");
+        assert_eq!(value_of(&out), value_of(text));
     }
 
     #[test]
