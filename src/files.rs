@@ -111,30 +111,40 @@ impl AtomicDir {
             return Err(e);
         }
 
-        // Swap ..data to the new payload in one rename, through a link of a fresh
-        // name (a leftover or foreign entry of any name is never reused).
+        // User-visible names new in this tree are linked before the swap: they
+        // lead nowhere until ..data does, so every name (`.ready` too) appears
+        // with the tree it belongs to, never after it. `.ready` goes last anyway.
+        let ready = crate::layout::READY;
+        let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
+        let mut linked = Vec::new();
+        let prelink = || -> Result<(), WriteError> {
+            for name in rest.into_iter().chain(last) {
+                let link = self.dir.join(name);
+                if fs::symlink_metadata(&link).is_err() {
+                    symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
+                    linked.push(link);
+                }
+            }
+            Ok(())
+        };
+        // Then swap ..data to the new payload in one rename, through a link of a
+        // fresh name (a leftover or foreign entry of any name is never reused).
         let data = self.dir.join(DATA_LINK);
-        let swapped = self.fresh_link(&payload_name).and_then(|tmp| {
+        let swapped = prelink().and_then(|()| self.fresh_link(&payload_name)).and_then(|tmp| {
             fs::rename(&tmp, &data).map_err(|e| {
                 let _ = fs::remove_file(&tmp);
                 io_err("rename into place", &data)(e)
             })
         });
         if let Err(e) = swapped {
+            for link in linked {
+                let _ = fs::remove_file(link);
+            }
             let _ = remove_tree(&payload);
             return Err(e);
         }
 
-        // User-visible names: add new links, drop those whose target is gone.
-        // `.ready` is linked last: a reader that sees it sees the whole tree.
-        let ready = crate::layout::READY;
-        let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
-        for name in rest.into_iter().chain(last) {
-            let link = self.dir.join(name);
-            if fs::symlink_metadata(&link).is_err() {
-                symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
-            }
-        }
+        // Drop the names whose target is gone.
         for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
             let entry = entry.map_err(io_err("read directory", &self.dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -388,6 +398,45 @@ mod tests {
             }
         }
         assert_eq!(early, 0, "rounds in which .ready was there before the tree");
+    }
+
+    /// A new top-level name appears with the rest of the new tree, never after it.
+    #[test]
+    fn a_new_top_level_name_appears_with_the_new_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let before = tree(&[(".json", "1"), ("gpu/gpu/0/uuid", "A")]);
+        let after = tree(&[(".json", "2"), ("gpu/gpu/0/uuid", "A"), ("nics/rdma/0/mtu", "9000")]);
+        let mut mixed = 0;
+        for _ in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            let mut w = AtomicDir::new(&dir);
+            w.write(&before).unwrap();
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if fs::read_to_string(dir.join(".json")).is_ok_and(|j| j == "2") {
+                            return dir.join("nics/rdma/0/mtu").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&after).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                mixed += 1;
+            }
+        }
+        assert_eq!(mixed, 0, "rounds in which the new .json was there without the new claim");
     }
 
     #[test]
