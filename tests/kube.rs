@@ -638,6 +638,8 @@ fn a_restricted_namespace_admits_injected_pods_and_denies_fuse_naming_privileged
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest",
     }}}));
+    // No controller manager here: the namespace's default account, made by hand.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}}));
     let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac", "--namespace", &ns]).output().unwrap();
     for doc in yaml_docs(&stdout(&out)) {
         cp.ensure(&doc);
