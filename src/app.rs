@@ -171,13 +171,18 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn new(tree: TreeOutput, args: &OutputArgs) -> Self {
+    /// Takes the metadata directory for this writer (a second one is refused).
+    fn new(tree: TreeOutput, args: &OutputArgs) -> Result<Self, Failure> {
         // Generations go on from what is in the directory (a restart, or serve after init).
-        let metadata = args
-            .metadata_dir
-            .as_ref()
-            .map(|d| (MetadataDir::new(d, args.metadata_from_drivers.iter().cloned()), Generations::read_back(d)));
-        Publisher { tree, metadata }
+        let metadata = match &args.metadata_dir {
+            Some(d) => Some((
+                MetadataDir::open(d, args.metadata_from_drivers.iter().cloned())
+                    .map_err(|e| Failure::Failed(e.to_string()))?,
+                Generations::read_back(d),
+            )),
+            None => None,
+        };
+        Ok(Publisher { tree, metadata })
     }
 
     /// Write every output; one that fails does not keep the others from being written.
@@ -377,8 +382,9 @@ fn logged(out: &OutputArgs, result: Result<(), Failure>) -> Result<(), Failure> 
 async fn init_inner(args: &InitArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
+    check_output_dirs(out)?;
     let metrics = start_metrics(out).await?;
-    let mut publisher = Publisher::new(TreeOutput::Files(AtomicDir::new(&out.dir)), out);
+    let mut publisher = Publisher::new(TreeOutput::Files(open_dir(&out.dir)?), out)?;
     if let Some(path) = &args.source.from_file {
         let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
@@ -424,18 +430,19 @@ pub async fn serve(args: &ServeArgs) -> Result<(), Failure> {
 async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
     let sel = selection(&args.select);
     let out = &args.output;
+    check_output_dirs(out)?;
     let metrics = start_metrics(out).await?;
     let tree_output = match args.backend {
         Backend::Fuse => TreeOutput::Fuse(
             FuseMount::mount(&out.dir, Some(metrics.clone())).map_err(|e| Failure::Failed(e.to_string()))?,
         ),
-        Backend::Files => TreeOutput::Files(AtomicDir::new(&out.dir)),
+        Backend::Files => TreeOutput::Files(open_dir(&out.dir)?),
     };
     let mount_id = match &tree_output {
         TreeOutput::Fuse(m) => m.mount_id(),
         TreeOutput::Files(_) => None,
     };
-    let mut publisher = Publisher::new(tree_output, out);
+    let mut publisher = Publisher::new(tree_output, out)?;
     if let Some(path) = &args.source.from_file {
         let res = resolve_file(&args.source, path, &sel)?;
         let built = tree::build(&res, &out.require);
@@ -472,6 +479,48 @@ async fn serve_inner(args: &ServeArgs) -> Result<(), Failure> {
     outputs.events.record(note);
     outputs.events.finish().await;
     Err(failure)
+}
+
+/// The tree's directory, taken for this writer (a second one is refused).
+fn open_dir(dir: &Path) -> Result<AtomicDir, Failure> {
+    AtomicDir::open(dir).map_err(|e| Failure::Failed(format!("tree: {e}")))
+}
+
+/// `--dir` and `--metadata-dir` must not hold one another: each writer owns its
+/// directory's top-level names, so one would hide or refuse the other's files.
+fn check_output_dirs(out: &OutputArgs) -> Result<(), Failure> {
+    let Some(meta) = &out.metadata_dir else { return Ok(()) };
+    let (a, b) = (real_path(&out.dir), real_path(meta));
+    if a.starts_with(&b) || b.starts_with(&a) {
+        return Err(Failure::Usage(format!(
+            "--metadata-dir {} overlaps --dir {}: the standard view and the tree each need a directory of their own",
+            meta.display(),
+            out.dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `path` made absolute with `.`, `..` and symlinks resolved as far as it exists.
+fn real_path(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = if path.is_absolute() { PathBuf::new() } else { std::env::current_dir().unwrap_or_default() };
+    for part in path.components() {
+        match part {
+            Component::Prefix(_) | Component::CurDir => {}
+            Component::RootDir => out.push("/"),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if let Ok(real) = std::fs::canonicalize(&out) {
+                    out = real;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Resolves when the FUSE mount `id` is no longer mounted (never for the files backend).
@@ -572,8 +621,9 @@ pub async fn exec(args: &ExecArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::Failed(e.to_string()))?;
     let (program, rest) =
         args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
+    // A value is a driver's text: escaped, it cannot forge a log line or drive a terminal.
     for (name, value) in &vars {
-        info!(%name, %value, "setting");
+        info!(%name, value = %printable(value), "setting");
     }
     let err = std::process::Command::new(program).args(rest).envs(vars).exec();
     Err(Failure::Failed(format!("cannot run {program}: {err}")))

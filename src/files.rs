@@ -31,6 +31,10 @@ pub enum WriteError {
         "refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})"
     )]
     Foreign { path: PathBuf, name: String },
+    #[error(
+        "another drafs is writing to {path} (a second init or serve given the same --dir or --metadata-dir?); refusing to write beside it"
+    )]
+    Busy { path: PathBuf },
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
@@ -38,15 +42,67 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Wri
 }
 
 /// Writes trees into one directory; remembers the last one to skip no-op writes.
+///
+/// It holds an exclusive `flock` on the directory from its first write (or
+/// [`AtomicDir::open`]) until it is dropped: two writers would each remove the
+/// other's payload mid-write, so a second one is refused. The lock goes away
+/// with the process, so a restarted drafs (or `serve` after `init`) takes over.
 #[derive(Debug)]
 pub struct AtomicDir {
     dir: PathBuf,
     last: Option<Tree>,
+    lock: Option<DirLock>,
+}
+
+/// An exclusive `flock` on a directory drafs writes, held while the value
+/// lives (and so never longer than the process): a second writer is refused
+/// with [`WriteError::Busy`].
+#[derive(Debug)]
+pub struct DirLock {
+    _file: fs::File,
+}
+
+impl DirLock {
+    /// Create `dir` if needed and lock it.
+    pub fn take(dir: &Path) -> Result<DirLock, WriteError> {
+        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        let file = fs::File::open(dir).map_err(io_err("open", dir))?;
+        // SAFETY: flock on a descriptor we own; it has no memory effects.
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(WriteError::Busy { path: dir.to_path_buf() });
+            }
+            // A filesystem without flock: write unguarded rather than not at all.
+            tracing::debug!(dir = %dir.display(), "cannot lock the directory ({err}); writing without the lock");
+        }
+        Ok(DirLock { _file: file })
+    }
 }
 
 impl AtomicDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        AtomicDir { dir: dir.into(), last: None }
+        AtomicDir { dir: dir.into(), last: None, lock: None }
+    }
+
+    /// Take the directory for this writer now if it exists (a second writer is
+    /// refused at start, [`WriteError::Busy`]); one that does not exist yet is
+    /// created and taken at the first write, so a run that fails before it
+    /// leaves nothing behind.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, WriteError> {
+        let mut out = Self::new(dir);
+        if out.dir.is_dir() {
+            out.lock()?;
+        }
+        Ok(out)
+    }
+
+    fn lock(&mut self) -> Result<(), WriteError> {
+        if self.lock.is_none() {
+            self.lock = Some(DirLock::take(&self.dir)?);
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -58,7 +114,7 @@ impl AtomicDir {
         if self.last.as_ref() == Some(tree) {
             return Ok(false);
         }
-        fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
+        self.lock()?;
         let top = tree.top_level();
         self.check_top_level(&top)?;
 
@@ -69,27 +125,40 @@ impl AtomicDir {
             return Err(e);
         }
 
-        // Swap ..data to the new payload in one rename, through a link of a fresh
-        // name (a leftover or foreign entry of any name is never reused).
+        // User-visible names new in this tree are linked before the swap: they
+        // lead nowhere until ..data does, so every name (`.ready` too) appears
+        // with the tree it belongs to, never after it. `.ready` goes last anyway.
+        let ready = crate::layout::READY;
+        let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
+        let mut linked = Vec::new();
+        let prelink = || -> Result<(), WriteError> {
+            for name in rest.into_iter().chain(last) {
+                let link = self.dir.join(name);
+                if fs::symlink_metadata(&link).is_err() {
+                    symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
+                    linked.push(link);
+                }
+            }
+            Ok(())
+        };
+        // Then swap ..data to the new payload in one rename, through a link of a
+        // fresh name (a leftover or foreign entry of any name is never reused).
         let data = self.dir.join(DATA_LINK);
-        let swapped = self.fresh_link(&payload_name).and_then(|tmp| {
+        let swapped = prelink().and_then(|()| self.fresh_link(&payload_name)).and_then(|tmp| {
             fs::rename(&tmp, &data).map_err(|e| {
                 let _ = fs::remove_file(&tmp);
                 io_err("rename into place", &data)(e)
             })
         });
         if let Err(e) = swapped {
+            for link in linked {
+                let _ = fs::remove_file(link);
+            }
             let _ = remove_tree(&payload);
             return Err(e);
         }
 
-        // User-visible names: add new links, drop those whose target is gone.
-        for name in &top {
-            let link = self.dir.join(name);
-            if fs::symlink_metadata(&link).is_err() {
-                symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
-            }
-        }
+        // Drop the names whose target is gone.
         for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
             let entry = entry.map_err(io_err("read directory", &self.dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -272,10 +341,116 @@ mod tests {
         assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed");
 
         // A new writer (a restarted process) takes over and removes the old payload.
+        drop(w);
         let mut again = AtomicDir::new(&dir);
         assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
         assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
         assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    #[test]
+    fn one_writer_per_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut first = AtomicDir::open(&dir).unwrap();
+        assert!(first.write(&tree(&[("gpu/gpu/0/uuid", "A")])).unwrap());
+        let mut second = AtomicDir::new(&dir);
+        let err = second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap_err();
+        assert!(matches!(err, WriteError::Busy { .. }), "{err}");
+        assert!(matches!(AtomicDir::open(&dir).unwrap_err(), WriteError::Busy { .. }));
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "A", "the first writer's tree is intact");
+        assert_eq!(payload_dirs(&dir).len(), 1, "the refused writer left nothing");
+        drop(first);
+        assert!(second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
+    }
+
+    /// A reader that sees `.ready` must see the whole tree (docs/tree.md): on
+    /// the first write, and when a later write makes the tree ready.
+    #[test]
+    fn ready_never_appears_before_the_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let ready_tree = tree(&[
+            (".json", "{}"),
+            (".ready", ""),
+            ("gpu/gpu/0/uuid", "A"),
+            ("nics/rdma/0/mtu", "9000"),
+            ("zz/z/0/last", "z"),
+        ]);
+        let waiting = tree(&[(".json", "{}"), ("gpu/gpu/0/uuid", "A")]);
+        let mut early = 0;
+        for round in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            fs::create_dir(&dir).unwrap();
+            let mut w = AtomicDir::new(&dir);
+            if round % 2 == 1 {
+                w.write(&waiting).unwrap();
+            }
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if dir.join(".ready").exists() {
+                            return dir.join("nics/rdma/0/mtu").exists() && dir.join("zz/z/0/last").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&ready_tree).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                early += 1;
+            }
+        }
+        assert_eq!(early, 0, "rounds in which .ready was there before the tree");
+    }
+
+    /// A new top-level name appears with the rest of the new tree, never after it.
+    #[test]
+    fn a_new_top_level_name_appears_with_the_new_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let before = tree(&[(".json", "1"), ("gpu/gpu/0/uuid", "A")]);
+        let after = tree(&[(".json", "2"), ("gpu/gpu/0/uuid", "A"), ("nics/rdma/0/mtu", "9000")]);
+        let mut mixed = 0;
+        for _ in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            let mut w = AtomicDir::new(&dir);
+            w.write(&before).unwrap();
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if fs::read_to_string(dir.join(".json")).is_ok_and(|j| j == "2") {
+                            return dir.join("nics/rdma/0/mtu").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&after).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                mixed += 1;
+            }
+        }
+        assert_eq!(mixed, 0, "rounds in which the new .json was there without the new claim");
     }
 
     #[test]

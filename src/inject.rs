@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 
 use crate::tree::RequirePath;
 
+mod yaml;
+
 pub const CONTAINER: &str = "drafs";
 const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
@@ -19,6 +21,8 @@ const METADATA_VOLUME: &str = "dra-metadata";
 const AUTOMOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
 /// drafs's own default `--timeout`, for the startup probe when none is given.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The image's user and group (`USER 65532:65532`), the distroless "nonroot".
+const NON_ROOT_ID: i64 = 65532;
 /// Where a pod's service-account credentials are expected (in-cluster config).
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -46,6 +50,10 @@ pub enum InjectError {
         "{what} is a live object (it has {field}): the API server never lets containers be added to an existing Pod; inject into {owner} instead, or into the manifest the Pod was created from"
     )]
     LivePod { what: String, field: &'static str, owner: String },
+    #[error(
+        "{what} has spec.os.name: windows: drafs runs only in Linux pods (a Linux binary, Linux-only securityContext fields and mounts); do not inject it there"
+    )]
+    Windows { what: String },
 }
 
 /// A Pod read back from the API server (`kubectl get pod -o yaml`): which of
@@ -135,6 +143,7 @@ pub fn check_metadata_dir(metadata_dir: &str, dir: &str) -> Result<(), PathProbl
 /// Why a pod spec was not changed.
 enum Skip {
     NoClaims,
+    Windows,
     MountPathTaken { container: String, volume: String, path: String },
 }
 
@@ -262,8 +271,17 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
     let threshold = if timeout == 0 { 1_000_000 } else { timeout.saturating_add(10).min(1_000_000) };
     let startup = json!({"exec": probe_command, "periodSeconds": 1, "failureThreshold": threshold});
     let readiness = json!({"exec": probe_command, "periodSeconds": 10});
-    let restricted =
-        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
+    // The restricted Pod Security Standard, and the image's own user (65532)
+    // said explicitly, whatever the pod sets for its other containers.
+    let restricted = json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": true,
+        "runAsUser": NON_ROOT_ID,
+        "runAsGroup": NON_ROOT_ID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
     let resources = json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}});
     let mut mounts = vec![json!({"name": volumes.tree, "mountPath": dir})];
     let mut c = json!({
@@ -282,7 +300,9 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
     }
     if opts.mode == Mode::SidecarFuse {
         c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/drafs", "unmount", format!("--dir={dir}")]}}});
-        c["securityContext"] = json!({"privileged": true, "runAsUser": 0});
+        // Root for the mount; runAsNonRoot: false overrides a pod-level true,
+        // which would otherwise keep the kubelet from starting it.
+        c["securityContext"] = json!({"privileged": true, "runAsUser": 0, "runAsNonRoot": false});
         mounts = vec![
             json!({"name": volumes.tree, "mountPath": dir, "mountPropagation": "Bidirectional"}),
             json!({"name": volumes.fuse, "mountPath": "/dev/fuse"}),
@@ -372,6 +392,9 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
         .any(|k| spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER)));
     if already {
         return Ok(Injected::AlreadyThere);
+    }
+    if spec.pointer("/os/name").and_then(Value::as_str) == Some("windows") {
+        return Err(Skip::Windows);
     }
     // Something of the pod's own mounted where the tree or the standard view
     // goes would hide it.
@@ -478,6 +501,7 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
             Ok(Injected::KeptAccount(account)) => Outcome::InjectedKeepingAccount { what, account },
             Ok(Injected::AlreadyThere) => Outcome::AlreadyInjected(what),
             Err(Skip::NoClaims) => Outcome::NoClaims(what),
+            Err(Skip::Windows) => return Err(InjectError::Windows { what }),
             Err(Skip::MountPathTaken { container, volume, path }) => {
                 return Err(InjectError::MountPathTaken { what, container, volume, path });
             }
@@ -487,26 +511,27 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
     Ok(())
 }
 
-/// Parse YAML documents, inject, and print them again.
+/// Parse YAML documents, inject, and print them again. drafs works on the
+/// values kubectl reads (YAML 1.1); everything it did not change is written
+/// as it was, so each scalar keeps its meaning (see [`yaml`]).
 pub fn inject(text: &str, opts: &Options) -> Result<(String, Vec<Outcome>), InjectError> {
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| InjectError::Parse(e.to_string()))?;
+    let docs = yaml::parse(text).map_err(|e| InjectError::Parse(e.to_string()))?;
     let mut outcomes = Vec::new();
     let mut out = String::new();
-    for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
-        if let Some(e) = live_pod(&doc) {
+    for doc in docs {
+        let old = doc.value().map_err(|e| InjectError::Parse(e.to_string()))?;
+        if old.is_null() {
+            continue;
+        }
+        if let Some(e) = live_pod(&old) {
             return Err(e);
         }
-        inject_value(&mut doc, opts, &mut outcomes)?;
+        let mut new = old.clone();
+        inject_value(&mut new, opts, &mut outcomes)?;
         if !out.is_empty() {
             out.push_str("---\n");
         }
-        out.push_str(&serde_saphyr::to_string(&doc).map_err(|e| InjectError::Write(e.to_string()))?);
-        if !out.ends_with('\n') {
-            out.push('\n');
-        }
+        out.push_str(&doc.emit(&old, &new).map_err(|e| InjectError::Write(e.to_string()))?);
     }
     Ok((out, outcomes))
 }
@@ -600,6 +625,61 @@ spec:
         assert!(!names.contains(&"kube-api-access-abcde") && names.contains(&"kube-api-access-mine"), "{names:?}");
         let mounts = &doc["spec"]["containers"][0]["volumeMounts"];
         assert_eq!(mounts[0]["name"], "kube-api-access-mine", "{mounts}");
+    }
+
+    fn drafs_of(doc: &Value) -> &Value {
+        let spec = doc.pointer("/spec/template/spec").or_else(|| doc.get("spec")).unwrap();
+        spec["initContainers"].as_array().unwrap().iter().find(|c| c["name"] == CONTAINER).unwrap()
+    }
+
+    #[test]
+    fn unprivileged_modes_meet_the_restricted_pod_security_standard() {
+        for mode in [Mode::Init, Mode::SidecarFiles] {
+            let (out, _) = inject(DEPLOYMENT, &opts(mode)).unwrap();
+            let doc: Value = serde_saphyr::from_str(&out).unwrap();
+            let sc = &drafs_of(&doc)["securityContext"];
+            assert_eq!(
+                sc,
+                &json!({
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]},
+                    "runAsNonRoot": true,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                }),
+                "{mode:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fuse_sidecar_runs_as_root_even_when_the_pod_asks_for_non_root() {
+        let non_root = DEPLOYMENT
+            .replace("      containers:\n", "      securityContext: {runAsNonRoot: true}\n      containers:\n");
+        let (out, _) = inject(&non_root, &opts(Mode::SidecarFuse)).unwrap();
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let sc = &drafs_of(&doc)["securityContext"];
+        // The container's own runAsNonRoot overrides the pod's; without it the kubelet refuses uid 0.
+        assert_eq!(sc, &json!({"privileged": true, "runAsUser": 0, "runAsNonRoot": false}));
+        assert_eq!(doc["spec"]["template"]["spec"]["securityContext"], json!({"runAsNonRoot": true}), "the pod's own");
+    }
+
+    #[test]
+    fn windows_pods_are_refused_naming_the_reason() {
+        let windows = DEPLOYMENT.replace("      containers:\n", "      os: {name: windows}\n      containers:\n");
+        for mode in [Mode::Init, Mode::SidecarFiles, Mode::SidecarFuse] {
+            let err = inject(&windows, &opts(mode)).unwrap_err().to_string();
+            assert!(
+                err.contains("Deployment trainer") && err.contains("spec.os.name") && err.contains("windows"),
+                "{err}"
+            );
+        }
+        // A Linux pod, said so, is injected.
+        let linux = DEPLOYMENT.replace("      containers:\n", "      os: {name: linux}\n      containers:\n");
+        let (_, outcomes) = inject(&linux, &opts(Mode::Init)).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Injected("Deployment trainer".into())]);
     }
 
     #[test]

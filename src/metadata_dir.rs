@@ -35,6 +35,9 @@ pub enum MetadataDirError {
         "refusing to write {path}: it exists and is not a {expected} drafs made (a symlink, device or other foreign entry)"
     )]
     Foreign { path: PathBuf, expected: &'static str },
+    /// Another drafs writes the directory (or it cannot be made or opened).
+    #[error(transparent)]
+    Lock(#[from] crate::files::WriteError),
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MetadataDirError + 'a {
@@ -71,11 +74,31 @@ pub struct MetadataDir {
     driver_owned: BTreeSet<String>,
     /// What drafs last wrote at each path, to skip unchanged files.
     written: BTreeMap<String, Vec<u8>>,
+    /// One writer per directory, as for the tree.
+    lock: Option<crate::files::DirLock>,
 }
 
 impl MetadataDir {
     pub fn new(dir: impl Into<PathBuf>, driver_owned: impl IntoIterator<Item = String>) -> Self {
-        MetadataDir { dir: dir.into(), driver_owned: driver_owned.into_iter().collect(), written: BTreeMap::new() }
+        MetadataDir {
+            dir: dir.into(),
+            driver_owned: driver_owned.into_iter().collect(),
+            written: BTreeMap::new(),
+            lock: None,
+        }
+    }
+
+    /// Take the directory for this writer now if it exists (a second writer is
+    /// refused at start); one that does not exist yet is taken at the first write.
+    pub fn open(
+        dir: impl Into<PathBuf>,
+        driver_owned: impl IntoIterator<Item = String>,
+    ) -> Result<Self, MetadataDirError> {
+        let mut out = Self::new(dir, driver_owned);
+        if out.dir.is_dir() {
+            out.lock = Some(crate::files::DirLock::take(&out.dir)?);
+        }
+        Ok(out)
     }
 
     pub fn path(&self) -> &Path {
@@ -124,6 +147,9 @@ impl MetadataDir {
                 .create(&self.dir)
                 .map_err(io_err("create directory", &self.dir))?,
             Err(e) => return Err(io_err("open", &self.dir)(e)),
+        }
+        if self.lock.is_none() {
+            self.lock = Some(crate::files::DirLock::take(&self.dir)?);
         }
         for (rel, content) in &files {
             if self.owned_by_driver(rel) || self.written.get(*rel).map(Vec::as_slice) != Some(*content) {
@@ -234,6 +260,7 @@ mod tests {
         fs::write(tmp.path().join(B), "the driver's").unwrap();
         let inode = fs::metadata(tmp.path().join(B)).unwrap().ino();
         dir.write(&view("2", "drafs's newer view of b")).unwrap();
+        drop(dir); // a restarted drafs: the lock went with the first
         let mut fresh = MetadataDir::new(tmp.path(), ["b.example.com".to_string()]);
         fresh.write(&view("3", "and again")).unwrap();
         assert_eq!(fs::read_to_string(tmp.path().join(B)).unwrap(), "the driver's");

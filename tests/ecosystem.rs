@@ -71,6 +71,39 @@ fn exec_refuses_missing_values_unless_optional() {
 }
 
 #[test]
+fn exec_logs_device_values_escaped_and_passes_them_exact() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    // A driver's value that would forge a log line and drive the terminal.
+    let hostile = "GPU-1\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[2J\u{7}";
+    api.apply(slice(
+        "s",
+        "gpu.example.com",
+        "n1",
+        1,
+        Some("n1"),
+        &[("g0", serde_json::json!({"uuid": {"string": hostile}}))],
+    ));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
+    let from_dir = ["exec", "--from-dir", dir.to_str().unwrap()];
+    for source in [&from_dir[..], &["exec"][..]] {
+        let mut args = source.to_vec();
+        args.extend(["--env", "UUID=gpu/gpu/0/uuid", "--", "sh", "-c", r#"printf '%s' "$UUID""#]);
+        let out = env.run(&args, LIMIT);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stdout(&out), hostile, "the command gets the exact value");
+        let log = stderr(&out);
+        assert!(log.contains("setting"), "the info line is there: {log}");
+        assert!(!log.lines().any(|l| l.contains("forged line") && !l.contains("setting")), "a forged line: {log}");
+        assert!(!log.chars().any(|c| c.is_control() && c != '\n'), "control characters in the log: {log:?}");
+        assert!(log.contains(r"GPU-1\n2026-01-01T00:00:00Z  INFO forged line\u{1b}[2J\u{7}"), "{log}");
+    }
+}
+
+#[test]
 fn copy_self_installs_a_runnable_copy() {
     let dir = tempfile::tempdir().unwrap();
     let to = dir.path().join("shared");
@@ -93,7 +126,7 @@ fn inject(mode: &str, input: &str) -> String {
 
 #[test]
 fn inject_matches_the_expected_yaml_and_is_idempotent() {
-    for input in ["deployment", "workloads"] {
+    for input in ["deployment", "workloads", "scalars"] {
         let text = read(&format!("tests/inject/{input}.yaml"));
         for mode in ["init", "sidecar-fuse", "sidecar-files"] {
             let expected = read(&format!("tests/inject/{input}.{mode}.yaml"));
@@ -101,6 +134,56 @@ fn inject_matches_the_expected_yaml_and_is_idempotent() {
             assert_eq!(once, expected, "{input} in mode {mode}");
             assert_eq!(inject(mode, &once), once, "injecting twice changes nothing ({input}, {mode})");
         }
+    }
+}
+
+/// kubectl reads YAML 1.1: each of these means something else to a YAML 1.2
+/// writer (`0644` is the mode 420, `YES` true, `08` the number 8). drafs writes
+/// them back as they were (tests/kube.rs checks the meaning with kubectl itself).
+#[test]
+fn inject_writes_every_scalar_it_does_not_change_as_it_was() {
+    let input = read("tests/inject/scalars.yaml");
+    for mode in ["init", "sidecar-fuse", "sidecar-files"] {
+        let out = inject(mode, &input);
+        for kept in [
+            "defaultMode: 0644\n",
+            "mode: 0755\n",
+            "defaultMode: 0400\n",
+            "defaultMode: 0440\n",
+            "mode: 0600\n",
+            "runAsUser: 01750\n",
+            "replicas: 0x2\n",
+            "revisionHistoryLimit: 010\n",
+            "terminationGracePeriodSeconds: 1_0\n",
+            "containerPort: 08080\n",
+            "readOnly: YES\n",
+            "enableServiceLinks: Off\n",
+            "tty: On\n",
+            "stdin: n\n",
+            "allowPrivilegeEscalation: NO\n",
+            "suspend: off\n",
+            "backoffLimit: 0o3\n",
+            "activeDeadlineSeconds: 3.6e3\n",
+            "cpu: .5\n",
+            "deployed: 2024-01-02\n",
+            "build: \"0644\"\n",
+            "ratio: '1e3'\n",
+            "note: 'it''s \"quoted\"'\n",
+            "canary: 'no'\n",
+            "- 'on'\n",
+            "value: 2001-12-14\n",
+            "value: \"yes\"\n",
+            "- !!str 0644\n",
+            "- !!str yes\n",
+            "  y: \"a key that YAML 1.1 reads as true\"\n",
+            "env: *env\n",
+            "<<: *req\n",
+            "schedule: 0 3 * * *\n",
+            "    exec app --mode=0644\n",
+        ] {
+            assert!(out.contains(kept), "{mode}: {kept:?} is not in the output:\n{out}");
+        }
+        assert_eq!(inject(mode, &out), out, "{mode}: injecting twice changes nothing");
     }
 }
 

@@ -621,6 +621,41 @@ fn bad_flags_exit_with_usage_code() {
 }
 
 #[test]
+fn overlapping_dir_and_metadata_dir_are_refused_before_anything_is_written() {
+    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
+    let fixture = repo_path("examples/offline/gpu-training.yaml");
+    let base = env.path("out");
+    let same = base.join("dra");
+    let cases = [
+        (same.clone(), same.clone()),
+        (same.clone(), same.join("meta")),
+        (same.join("tree"), same.clone()),
+        (same.clone(), base.join("x/../dra/")),
+    ];
+    for (command, backend) in [("init", None), ("serve", Some("files"))] {
+        for (dir, meta) in &cases {
+            let mut args = vec![command, "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()];
+            args.extend(["--from-file", fixture.to_str().unwrap()]);
+            if let Some(b) = backend {
+                args.extend(["--backend", b]);
+            }
+            let out = env.run(&args, LIMIT);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("--metadata-dir") && err.contains("overlaps"), "{args:?}: {err}");
+            assert!(!base.exists(), "{args:?}: something was written");
+        }
+    }
+    // Side by side is fine.
+    let out = env.run(
+        &["init", "--dir", same.to_str().unwrap(), "--metadata-dir", base.join("dra-meta").to_str().unwrap()],
+        LIMIT,
+    );
+    assert_ok(&out);
+    assert!(same.join(".ready").exists() && !read_tree(&base.join("dra-meta")).is_empty());
+}
+
+#[test]
 fn events_are_optional() {
     // RBAC without the optional events Role: a single warning, and ready all the same.
     let rbac: String = rbac_yaml("ml");

@@ -557,6 +557,133 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
     assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
 }
 
+/// `drafs inject --mode MODE` of `input`, with a fixed image.
+fn inject_text(mode: &str, input: &str) -> String {
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", mode, "--image", "registry.example/drafs:test"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = wait_output(child, LIMIT);
+    assert_ok(&out);
+    stdout(&out)
+}
+
+/// The objects kubectl reads from a manifest file (YAML 1.1, go-yaml v2), as it prints them.
+fn kubectl_reads(cp: &ControlPlane, file: &std::path::Path) -> Vec<Value> {
+    let out = cp.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", file.to_str().unwrap()]);
+    assert_ok(&out);
+    let mut objects = Vec::new();
+    for v in serde_json::Deserializer::from_str(&stdout(&out)).into_iter::<Value>() {
+        let v = v.unwrap();
+        match v["kind"].as_str() {
+            Some("List") => objects.extend(v["items"].as_array().unwrap().iter().cloned()),
+            _ => objects.push(v),
+        }
+    }
+    objects
+}
+
+/// What kubectl reads from `drafs inject`'s output is what it reads from the
+/// input plus what drafs adds (injected into kubectl's own reading, as the
+/// webhook does), for a corpus of scalars YAML 1.1 and 1.2 read differently;
+/// and the API server takes the output (server-side dry run, strict).
+#[test]
+fn kubectl_reads_an_injected_manifest_as_the_input_plus_drafs() {
+    let Some(cp) = controlplane::shared() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let input = repo_path("tests/inject/scalars.yaml");
+    let before = kubectl_reads(cp, &input);
+    assert_eq!(before.len(), 3, "{before:?}");
+    // kubectl really reads YAML 1.1 here: the premise of the corpus.
+    let spec = &before[0]["spec"]["template"]["spec"];
+    assert_eq!(spec["volumes"][0]["configMap"]["defaultMode"], 420, "{spec}");
+    assert_eq!(spec["containers"][0]["volumeMounts"][0]["readOnly"], true);
+    assert_eq!(before[2]["data"]["true"], "a key that YAML 1.1 reads as true");
+    for (mode, m) in [
+        ("init", drafs::inject::Mode::Init),
+        ("sidecar-files", drafs::inject::Mode::SidecarFiles),
+        ("sidecar-fuse", drafs::inject::Mode::SidecarFuse),
+    ] {
+        let output = scratch.path().join(format!("{mode}.yaml"));
+        std::fs::write(&output, inject_text(mode, &read("tests/inject/scalars.yaml"))).unwrap();
+        let after = kubectl_reads(cp, &output);
+        let opts = drafs::inject::Options::new(m, "registry.example/drafs:test");
+        let mut expected = before.clone();
+        for object in &mut expected {
+            drafs::inject::inject_value(object, &opts, &mut Vec::new()).unwrap();
+        }
+        assert_eq!(after.len(), expected.len());
+        for (a, e) in after.iter().zip(&expected) {
+            assert_eq!(a, e, "{mode}: kubectl reads {} differently after drafs inject", e["metadata"]["name"]);
+        }
+        let created = cp.kubectl(&["create", "--dry-run=server", "--validate=strict", "-f", output.to_str().unwrap()]);
+        assert_ok(&created);
+    }
+}
+
+/// The restricted Pod Security Standard, enforced by the real PodSecurity
+/// admission: a pod it admits without drafs is admitted (and stored) after
+/// `drafs inject --mode init` and `--mode sidecar-files`, whether the pod sets
+/// its security context at pod level or per container; the FUSE sidecar is
+/// denied with a message naming `privileged`, never a pod stuck in Init.
+#[test]
+fn a_restricted_namespace_admits_injected_pods_and_denies_fuse_naming_privileged() {
+    let Some(cp) = controlplane::shared() else { return };
+    let ns = support::cluster::unique("restricted");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}}));
+    // No controller manager here: the namespace's default account, made by hand.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}}));
+    let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac", "--namespace", &ns]).output().unwrap();
+    for doc in yaml_docs(&stdout(&out)) {
+        cp.ensure(&doc);
+    }
+    let restricted_app = "{allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}";
+    let pods = [
+        // The pod says runAsNonRoot and seccomp once for all its containers.
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-level, namespace: {ns}}}\nspec:\n  securityContext: {{runAsNonRoot: true, runAsUser: 1000, seccompProfile: {{type: RuntimeDefault}}}}\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: single-gpu}}]\n  containers:\n  - name: app\n    image: registry.example/app:1\n    resources: {{claims: [{{name: gpu}}]}}\n    securityContext: {restricted_app}\n"
+        ),
+        // Each container says it for itself: so must drafs's.
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: per-container, namespace: {ns}}}\nspec:\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: single-gpu}}]\n  containers:\n  - name: app\n    image: registry.example/app:1\n    resources: {{claims: [{{name: gpu}}]}}\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}, runAsNonRoot: true, runAsUser: 1000, seccompProfile: {{type: RuntimeDefault}}}}\n"
+        ),
+    ];
+    for pod in &pods {
+        let plain = yaml_docs(pod).remove(0);
+        let name = plain["metadata"]["name"].as_str().unwrap().to_string();
+        cp.dry_run_create(&plain).unwrap_or_else(|e| panic!("{name} without drafs is not restricted-compliant: {e}"));
+        for mode in ["init", "sidecar-files"] {
+            let mut injected = yaml_docs(&inject_text(mode, pod)).remove(0);
+            injected["metadata"]["name"] = json!(format!("{name}-{mode}"));
+            // Created for real, through PodSecurity admission.
+            let stored =
+                match cp.raw("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(&injected), "application/json") {
+                    Ok((200, text)) => serde_json::from_str::<Value>(&text).unwrap(),
+                    other => panic!("{name}, {mode}: the restricted namespace refused the injected pod: {other:?}"),
+                };
+            let drafs = &stored["spec"]["initContainers"][0];
+            assert_eq!(drafs["name"], "drafs");
+            assert_eq!(drafs["securityContext"]["runAsNonRoot"], true, "{drafs}");
+            assert_eq!(drafs["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{drafs}");
+        }
+        let mut fuse = yaml_docs(&inject_text("sidecar-fuse", pod)).remove(0);
+        fuse["metadata"]["name"] = json!(format!("{name}-fuse"));
+        match cp.raw("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(&fuse), "application/json") {
+            Ok((403, message)) => {
+                assert!(message.contains("PodSecurity") && message.contains("privileged"), "{name}: {message}")
+            }
+            other => panic!("{name}: a FUSE sidecar in a restricted namespace was not denied: {other:?}"),
+        }
+    }
+}
+
 /// The shipped webhook configuration, pointed at a local `drafs webhook` by URL
 /// (the test cluster has no Service routing) with its test CA.
 fn local_webhook_configuration(hook: &support::webhook::WebhookProcess) -> Value {

@@ -275,6 +275,76 @@ fn files_backend_serves_and_updates_without_privileges() {
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
 }
 
+/// docs/tree.md: once `.ready` is there, so is everything it vouches for. A
+/// reader racing the first publish never sees `.ready` without the tree, with
+/// either backend.
+#[test]
+fn a_reader_that_sees_ready_sees_the_whole_tree() {
+    let fixture = repo_path("examples/offline/rdma-network.yaml");
+    let mut backends = vec!["files"];
+    if require_fuse() {
+        backends.push("fuse");
+    }
+    let (_api, env) = rdma();
+    for backend in backends {
+        for round in 0..12 {
+            let dir = env.path(&format!("{backend}-{round}"));
+            std::fs::create_dir(&dir).unwrap();
+            let reader = {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let deadline = std::time::Instant::now() + LIMIT;
+                    // Spin: the window between two links is microseconds.
+                    while !dir.join(".ready").exists() {
+                        assert!(std::time::Instant::now() < deadline, "no .ready at {}", dir.display());
+                    }
+                    dir.join("nics/rdma/1/.status/interfaceName").exists()
+                })
+            };
+            let serve = Serve::start(
+                &env,
+                &dir,
+                &["--backend", backend, "--from-file", fixture.to_str().unwrap(), "--termination-log", "/dev/null"],
+            );
+            let whole = reader.join().unwrap();
+            drop(serve);
+            assert!(whole, "{backend}, round {round}: .ready was there before the tree");
+        }
+    }
+}
+
+/// Two writers on one directory delete each other's half-written payloads:
+/// the second is refused, naming the reason, and the first is undisturbed.
+#[test]
+fn a_second_writer_of_a_directory_is_refused() {
+    let (api, env) = rdma();
+    let (dir, meta) = (env.path("files"), env.path("meta"));
+    let (d, m) = (dir.to_str().unwrap(), meta.to_str().unwrap());
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metadata-dir", m], LIMIT);
+    let other = env.path("other");
+    let o = other.to_str().unwrap();
+    for args in [
+        vec!["init", "--dir", d],
+        vec!["serve", "--backend", "files", "--dir", d],
+        vec!["init", "--dir", o, "--metadata-dir", m],
+        vec!["serve", "--backend", "files", "--dir", o, "--metadata-dir", m],
+    ] {
+        let out = env.run(&args, LIMIT);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("another drafs is writing to"), "{args:?}: {err}");
+    }
+    // The first writer still follows changes.
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+    // Once it is gone, the directory can be written again.
+    let out = env.run(&["init", "--dir", d, "--metadata-dir", m], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(read_tree(&dir)[NIC0_IFNAME], "ens9");
+}
+
 #[test]
 fn probe_without_a_tree() {
     let dir = tempfile::tempdir().unwrap();
