@@ -5,6 +5,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod controlplane;
+pub mod node;
 pub mod tls;
 pub mod webhook;
 

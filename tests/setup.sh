@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything the tests need on a fresh machine with Rust stable and Go 1.26+
+# (the README's second set-up command; .ci/run calls it too):
+#   - Debian packages, when missing and we are root: openssl (certificates),
+#     util-linux (unshare, nsenter), buildah, musl-tools and binutils (the
+#     image), jq (the kubevirt-launcher example), and for the real node runc,
+#     the CNI plugins, busybox and iproute2;
+#   - the Rust build of drafs;
+#   - the Kubernetes components and containerd, built from Go modules into
+#     caches outside the checkout (tests/kube/build.sh, tests/node/build.sh);
+#   - the images the real node's pods run (tests/node/images.sh).
+# Each step is skipped when already done, so a second run costs seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+
+need=()
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v musl-gcc >/dev/null 2>&1 || need+=(musl-tools)
+command -v readelf >/dev/null 2>&1 || need+=(binutils)
+command -v jq >/dev/null 2>&1 || need+=(jq)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: install these Debian packages (or their equivalents) first: ${need[*]}" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v go >/dev/null 2>&1 || { echo "setup: Go 1.26+ is needed for the kube and real-node tiers" >&2; exit 1; }
+
+cargo build --all-targets
+node=$(tests/node/build.sh | tail -n 1)
+echo "setup: Kubernetes components and containerd ready after $((SECONDS - start)) s" >&2
+tests/node/images.sh "${DRAFS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-node}/images" "$node/pause"
+echo "setup: done after $((SECONDS - start)) s" >&2

@@ -1,0 +1,500 @@
+//! The real node for the real-node tier: a single-node cluster (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, containerd with
+//! runc, the kubelet, and the upstream DRA test driver's kubelet plugin twice)
+//! run by `tests/node/node.sh` inside network, mount and PID namespaces made
+//! for it by `unshare`, so every address, port and fixed path it uses is the
+//! namespace's own.
+//!
+//! The test talks to it by entering those namespaces (`nsenter`): kubectl as
+//! the cluster admin, `drafs webhook` as a process on the node's loopback.
+//! One cluster per test process (nextest runs each test in its own). The
+//! runner stops when its standard input closes (on drop): everything in the
+//! namespaces is killed, and the cgroups and sysctls the kubelet touched on the
+//! host are put back; a hard kill of the test leaves those two for the next
+//! start to sweep.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const SCRATCH_PREFIX: &str = "drafs-node-";
+/// The drivers the node runs, named as in `examples/` so the examples apply
+/// unchanged: the GPU driver writes KEP-5304 device metadata, the NIC driver
+/// does not.
+pub const GPU_DRIVER: &str = "gpu.nvidia.com";
+pub const NIC_DRIVER: &str = "dra.net";
+pub const NODE_NAME: &str = "drafs-node";
+pub const DRAFS_IMAGE: &str = "drafs:realnode";
+pub const SHELL_IMAGE: &str = "drafs-test/shell:1";
+
+fn skip_requested() -> bool {
+    std::env::var_os("CI").is_none() && std::env::var("DRAFS_NO_NODE_TESTS").is_ok_and(|v| v == "1")
+}
+
+/// The node of this test process, or `None` (loudly) when the tier is
+/// switched off outside CI. A node that cannot be built or started fails the test.
+pub fn shared() -> Option<&'static Node> {
+    if skip_requested() {
+        eprintln!("\n*** DRAFS_NO_NODE_TESTS=1: SKIPPING a real-node test (never skipped in CI) ***\n");
+        return None;
+    }
+    static SHARED: OnceLock<Result<Node, String>> = OnceLock::new();
+    match SHARED.get_or_init(Node::start) {
+        Ok(node) => Some(node),
+        Err(e) => panic!("the real node did not start: {e}"),
+    }
+}
+
+/// The devices a driver publishes at start: realistic attributes of every
+/// type, a PCI address and a capacity. `mark` goes into every GPU's
+/// `productName` (a test changes it to see a live update).
+pub fn devices(driver: &str, mark: &str) -> Value {
+    let list: Vec<Value> = if driver == GPU_DRIVER {
+        (0..8)
+            .map(|i| {
+                json!({
+                    "name": format!("gpu-{i}"),
+                    "attributes": {
+                        "uuid": {"string": format!("GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c{i:02x}")},
+                        "productName": {"string": format!("NVIDIA H200{mark}")},
+                        "index": {"int": i},
+                        "migCapable": {"bool": true},
+                        "driverVersion": {"version": "570.124.6"},
+                        "resource.kubernetes.io/pciBusID": {"string": format!("0000:{:02x}:00.0", 0x1a + i)},
+                        "resource.kubernetes.io/pcieRoot": {"string": format!("pci0000:{:02x}", 0x19 + i)},
+                    },
+                    "capacity": {"memory": {"value": "141Gi"}},
+                })
+            })
+            .collect()
+    } else {
+        (0..4)
+            .map(|i| {
+                json!({
+                    "name": format!("nic-{i}"),
+                    "attributes": {
+                        "ifName": {"string": format!("ens{}f0np0", 1 + i)},
+                        "rdma": {"bool": true},
+                        "numaNode": {"int": i / 2},
+                        "firmware": {"version": "28.39.1002"},
+                        "resource.kubernetes.io/pciBusID": {"string": format!("0000:{:02x}:00.1", 0x3b + i)},
+                    },
+                    "capacity": {"queues": {"value": "64"}},
+                })
+            })
+            .collect()
+    };
+    Value::Array(list)
+}
+
+/// A running single-node cluster.
+pub struct Node {
+    work: PathBuf,
+    kube: PathBuf,
+    runner: Mutex<Option<Child>>,
+    /// The `unshare` process: it lives in the node's network and mount namespaces.
+    ns_pid: u32,
+}
+
+fn sh(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Put back what a runner that died hard left on the host: the cgroups runc
+/// made under the kubelet's cgroup root and the sysctls the kubelet changed.
+fn undo_host_changes(work: &Path) {
+    if let Ok(root) = std::fs::read_to_string(work.join("cgroup-root")) {
+        let root = root.trim();
+        if !root.is_empty() && !root.contains('/') {
+            let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten().map(|e| e.path());
+            for dir in hierarchies.chain([PathBuf::from("/sys/fs/cgroup")]).map(|h| h.join(root)) {
+                remove_cgroup_tree(&dir);
+            }
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(work.join("sysctl.orig")) {
+        for line in text.lines() {
+            if let Some((name, value)) = line.split_once(' ') {
+                let path = Path::new("/proc/sys").join(name.replace('.', "/"));
+                if std::fs::read_to_string(&path).is_ok_and(|now| now.trim() != value.trim()) {
+                    let _ = std::fs::write(&path, value.trim());
+                }
+            }
+        }
+    }
+}
+
+/// Remove a cgroup directory and its children, deepest first (cgroups go with rmdir).
+fn remove_cgroup_tree(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Scratch directories of runners whose test process is gone: undo and remove.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(SCRATCH_PREFIX) else { continue };
+        let pid: i32 = rest.split('-').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        // SAFETY: kill with signal 0 only checks that the pid exists.
+        if pid > 0 && unsafe { libc::kill(pid, 0) } != 0 {
+            undo_host_changes(&entry.path());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// (Kubernetes binaries, node binaries) from `tests/node/build.sh`.
+fn binaries() -> Result<(PathBuf, PathBuf), String> {
+    let script = super::repo_path("tests/node/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    match lines.as_slice() {
+        [.., kube, node] => Ok((PathBuf::from(kube.trim()), PathBuf::from(node.trim()))),
+        _ => Err(format!("{} printed no directories", script.display())),
+    }
+}
+
+fn images_dir() -> PathBuf {
+    std::env::var_os("DRAFS_NODE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("drafs-node")))
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/drafs-node"))
+        .join("images")
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut runner) = self.runner.lock().unwrap().take() {
+            drop(runner.stdin.take());
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while runner.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = runner.kill();
+            let _ = runner.wait();
+        }
+        undo_host_changes(&self.work);
+        if std::env::var_os("DRAFS_KEEP_NODE").is_none() {
+            let _ = std::fs::remove_dir_all(&self.work);
+        }
+    }
+}
+
+impl Node {
+    fn start() -> Result<Node, String> {
+        sweep_stale();
+        let (kube, node_bin) = binaries()?;
+        // DRAFS_NODE_IMAGES: images already built for this checkout (CI builds
+        // them in its set-up; a second cargo build from a test's environment
+        // would start over).
+        let images = match std::env::var_os("DRAFS_NODE_IMAGES") {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let images = images_dir();
+                sh(Command::new("bash")
+                    .arg(super::repo_path("tests/node/images.sh"))
+                    .arg(&images)
+                    .arg(node_bin.join("pause")))?;
+                images
+            }
+        };
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let id = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let work = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{id}"));
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+        std::fs::write(work.join("drivers"), format!("{GPU_DRIVER}:--enable-device-metadata\n{NIC_DRIVER}:\n"))
+            .map_err(|e| e.to_string())?;
+        for driver in [GPU_DRIVER, NIC_DRIVER] {
+            std::fs::write(work.join(format!("devices-{driver}.json")), devices(driver, "").to_string())
+                .map_err(|e| e.to_string())?;
+        }
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "bash"])
+            .arg(super::repo_path("tests/node/node.sh"))
+            .args([&work, &kube, &node_bin, &images])
+            .arg(&id)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(work.join("node.log")).map_err(|e| e.to_string())?);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let runner = cmd.spawn().map_err(|e| format!("cannot start unshare: {e}"))?;
+        let ns_pid = runner.id();
+        let node = Node { work, kube, runner: Mutex::new(Some(runner)), ns_pid };
+        node.wait_ready(Duration::from_secs(300))?;
+        node.kubectl_apply(&device_classes());
+        Ok(node)
+    }
+
+    fn wait_ready(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.work.join("ready").exists() {
+                return Ok(());
+            }
+            let failed = std::fs::read_to_string(self.work.join("failed")).ok();
+            let exited = self.runner.lock().unwrap().as_mut().and_then(|r| r.try_wait().ok().flatten());
+            if failed.is_some() || exited.is_some() || Instant::now() > deadline {
+                return Err(format!(
+                    "{} (runner {:?})\n{}",
+                    failed.unwrap_or_else(|| format!("not ready after {limit:?}")),
+                    exited,
+                    self.diagnostics()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The runner's log and the tail of every component's log.
+    pub fn diagnostics(&self) -> String {
+        let mut out = std::fs::read_to_string(self.work.join("node.log")).unwrap_or_default();
+        for entry in std::fs::read_dir(self.work.join("logs")).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out += &format!(
+                "\n--- {} ---\n{}",
+                entry.path().display(),
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            );
+        }
+        out
+    }
+
+    /// A command run inside the node's network and mount namespaces.
+    pub fn in_node(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--target={}", self.ns_pid)).args(["--net", "--mount", "--"]).arg(program);
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.work.join("admin.kubeconfig")
+    }
+
+    /// kubectl as the cluster admin, inside the node's namespaces.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Output {
+        let mut cmd = self.in_node(self.kube.join("kubectl"));
+        cmd.arg("--kubeconfig").arg(self.admin_kubeconfig()).args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if input.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = cmd.spawn().expect("nsenter kubectl runs");
+        if let Some(text) = input {
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// kubectl that must succeed: its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", super::stderr(&out));
+        super::stdout(&out)
+    }
+
+    /// `kubectl apply -f -` that must succeed.
+    pub fn kubectl_apply(&self, yaml: &str) -> String {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], Some(yaml));
+        assert!(out.status.success(), "kubectl apply: {}\n{yaml}", super::stderr(&out));
+        super::stdout(&out)
+    }
+
+    pub fn get_json(&self, args: &[&str]) -> Option<Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let out = self.kubectl(&all);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    /// Wait until the pod satisfies `cond`; the pod as last seen.
+    pub fn wait_pod(&self, ns: &str, name: &str, what: &str, limit: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let pod = self.get_json(&["pod", "-n", ns, name]).unwrap_or(Value::Null);
+            if cond(&pod) {
+                return pod;
+            }
+            if Instant::now() > deadline {
+                let describe = self.kubectl(&["describe", "pod", "-n", ns, name]);
+                panic!(
+                    "pod {ns}/{name}: not {what} after {limit:?}\n{}\n{}",
+                    super::stdout(&describe),
+                    self.diagnostics()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Wait until every container of the pod (init and sidecars included) is running or done.
+    pub fn wait_running(&self, ns: &str, name: &str) -> Value {
+        self.wait_pod(ns, name, "Running with every container ready", Duration::from_secs(120), |p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["ready"] == true))
+        })
+    }
+
+    /// `kubectl exec` in a container: its output (must succeed).
+    pub fn exec(&self, ns: &str, pod: &str, container: &str, command: &[&str]) -> String {
+        let mut args = vec!["exec", "-n", ns, pod, "-c", container, "--"];
+        args.extend_from_slice(command);
+        self.kubectl_ok(&args)
+    }
+
+    pub fn logs(&self, ns: &str, pod: &str, container: &str) -> String {
+        super::stdout(&self.kubectl(&["logs", "-n", ns, pod, "-c", container]))
+    }
+
+    /// Change what a driver publishes: it notices the file and republishes its slice.
+    pub fn set_devices(&self, driver: &str, devices: &Value) {
+        let path = self.work.join(format!("devices-{driver}.json"));
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, devices.to_string()).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
+    /// A namespace with drafs's RBAC (`drafs manifests rbac`), at Pod Security `level` if given.
+    pub fn namespace(&self, name: &str, level: Option<&str>) {
+        let mut ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        if let Some(level) = level {
+            ns["metadata"]["labels"] = json!({
+                "pod-security.kubernetes.io/enforce": level,
+                "pod-security.kubernetes.io/warn": level,
+            });
+        }
+        self.kubectl_apply(&ns.to_string());
+        self.kubectl_apply(&super::rbac_yaml(name));
+    }
+
+    /// A ResourceClaimTemplate whose request `request` asks one device of `class`.
+    pub fn claim_template(&self, ns: &str, name: &str, class: &str, request: &str) {
+        self.kubectl_apply(
+            &json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": request, "exactly": {"deviceClassName": class}}
+                ]}}},
+            })
+            .to_string(),
+        );
+    }
+
+    /// The device the scheduler allocated to a pod's claim: (driver, device name).
+    pub fn allocated(&self, ns: &str, pod: &Value, pod_claim: &str) -> (String, String) {
+        let statuses = pod["status"]["resourceClaimStatuses"].as_array().cloned().unwrap_or_default();
+        let claim = statuses
+            .iter()
+            .find(|s| s["name"] == pod_claim)
+            .and_then(|s| s["resourceClaimName"].as_str())
+            .unwrap_or_else(|| panic!("pod has no ResourceClaim for {pod_claim}: {}", pod["status"]))
+            .to_string();
+        let claim = self.get_json(&["resourceclaim", "-n", ns, &claim]).expect("the pod's claim exists");
+        let result = &claim["status"]["allocation"]["devices"]["results"][0];
+        (result["driver"].as_str().unwrap().to_string(), result["device"].as_str().unwrap().to_string())
+    }
+
+    /// A device's attribute as the driver's ResourceSlice publishes it (the string form drafs serves).
+    pub fn slice_attribute(&self, driver: &str, device: &str, attribute: &str) -> String {
+        let slices = self.get_json(&["resourceslices"]).expect("slices");
+        for slice in slices["items"].as_array().into_iter().flatten() {
+            if slice["spec"]["driver"] != driver {
+                continue;
+            }
+            for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
+                if d["name"] == device {
+                    let v = &d["attributes"][attribute];
+                    for key in ["string", "version", "int", "bool"] {
+                        if let Some(x) = v.get(key) {
+                            return x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        panic!("no attribute {attribute} for {driver}/{device} in the slices")
+    }
+
+    /// Start `drafs webhook` on the node's loopback: it serves at https://127.0.0.1:PORT.
+    pub fn spawn_in_node(&self, program: &Path, args: &[&str], log: &str) -> Child {
+        let mut cmd = self.in_node(program);
+        cmd.args(args).stdout(Stdio::null()).stderr(std::fs::File::create(self.work.join(log)).unwrap());
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    }
+
+    pub fn work(&self) -> &Path {
+        &self.work
+    }
+
+    /// The mount table of the node's mount namespace (where the kubelet and the pods' volumes are).
+    pub fn mountinfo(&self) -> String {
+        std::fs::read_to_string(format!("/proc/{}/mountinfo", self.ns_pid)).unwrap_or_default()
+    }
+
+    /// A path inside the node's mount namespace, seen from the test.
+    pub fn node_path(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{path}", self.ns_pid))
+    }
+}
+
+/// The device classes the examples ask for, on the node's drivers.
+fn device_classes() -> String {
+    [("gpu.nvidia.com", GPU_DRIVER), ("vfio.gpu.nvidia.com", GPU_DRIVER), ("dra.net", NIC_DRIVER)]
+        .iter()
+        .map(|(class, driver)| {
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class},
+                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]},
+            })
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
