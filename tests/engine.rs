@@ -1,5 +1,6 @@
-//! The I/O half in process: the engine and the reconciler against the test API
-//! server, without spawning the binary.
+//! The engine against the test API server: the I/O half in process (the engine
+//! and the reconciler, without spawning the binary), then the binary's serve
+//! loop under failing watches, pool republishes and bursts of changes.
 
 mod support;
 
@@ -163,11 +164,10 @@ fn a_silent_watch_is_restarted() {
         let mut step = reconciler.start();
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut restarts = Vec::new();
-        let slice_lists =
-            || api.requests().iter().filter(|r| r.verb == "list" && r.resource == "resourceslices").count();
-        // Until a silent watch was given up and its scope listed and watched again.
+        // Until a silent watch was given up and watched again (from the version
+        // it had reached: nothing was lost, so no list).
         let watches = || api.requests().iter().filter(|r| r.verb == "watch").count();
-        while restarts.is_empty() || slice_lists() < 2 || watches() < 3 {
+        while restarts.is_empty() || watches() < 3 {
             engine.execute(std::mem::take(&mut step.actions));
             assert!(Instant::now() < deadline, "no restart of a silent watch: {restarts:?}");
             let input = tokio::time::timeout(Duration::from_secs(30), engine.next()).await.unwrap();
@@ -177,5 +177,119 @@ fn a_silent_watch_is_restarted() {
             step = reconciler.handle(input);
         }
         assert!(restarts.iter().all(|r| r.contains("silent for 300 ms")), "{restarts:?}");
+        assert_eq!(api.requests().iter().filter(|r| r.verb == "list").count(), 2, "no relist");
     })
+}
+
+// The binary's serve loop.
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// What the backoff tests watch: the requests in the first 10 s after ready.
+const WINDOW: Duration = Duration::from_secs(10);
+/// The most requests (get, list, watch) `serve` may make in [`WINDOW`] while
+/// every watch fails (issue 16: 117 to 326 before the backoff).
+const MOST_IN_WINDOW: usize = 10;
+/// The longest retry delay (docs/operations.md): a healed server is used again within it.
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// Pod ml/p whose claim `gpu` (ResourceClaim c) holds g0 of node n1's slice.
+fn one_gpu(api: &TestApi) {
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    set_uuid(api, "U0");
+}
+
+fn set_uuid(api: &TestApi, uuid: &str) {
+    api.apply(slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": uuid}}))]));
+}
+
+/// `serve --backend files` until ready, then the reads (get, list, watch) it
+/// makes in the [`WINDOW`] after: the count is the behaviour under test, so
+/// the test fails as soon as it is over [`MOST_IN_WINDOW`].
+fn reads_in_window_after_ready(api: &TestApi, env: &Env) -> (Serve, Vec<String>) {
+    let dir = env.path("dra");
+    let serve = Serve::start_ready(env, &dir, &["--backend", "files"], LIMIT);
+    let ready = std::time::Instant::now();
+    let reads = || -> Vec<String> {
+        api.requests()
+            .iter()
+            .filter(|r| r.started >= ready && r.started < ready + WINDOW)
+            .filter(|r| matches!(r.verb.as_str(), "get" | "list" | "watch"))
+            .map(|r| {
+                format!(
+                    "{:>5} ms {} {} ({}) -> {}",
+                    (r.started - ready).as_millis(),
+                    r.verb,
+                    r.resource,
+                    r.field_selector,
+                    r.status
+                )
+            })
+            .collect()
+    };
+    while ready.elapsed() < WINDOW {
+        let seen = reads();
+        assert!(
+            seen.len() <= MOST_IN_WINDOW,
+            "{} requests within {} ms of ready:\n{}",
+            seen.len(),
+            ready.elapsed().as_millis(),
+            seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let seen = reads();
+    eprintln!("{} requests in {WINDOW:?} after ready:\n{}", seen.len(), seen.join("\n"));
+    assert!(seen.len() <= MOST_IN_WINDOW, "{} requests in {WINDOW:?} after ready:\n{}", seen.len(), seen.join("\n"));
+    assert!(seen.iter().any(|r| r.contains("watch")), "the watches were tried: {seen:?}");
+    (serve, seen)
+}
+
+#[test]
+fn a_watch_the_rbac_does_not_grant_is_retried_with_backoff() {
+    // The shipped RBAC without `watch`: lists succeed, every watch is 403.
+    let api = TestApi::start(&rbac_yaml("ml").replace("  - watch\n", ""), "ml");
+    api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
+    one_gpu(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (serve, seen) = reads_in_window_after_ready(&api, &env);
+    assert!(seen.iter().any(|r| r.contains("watch") && r.ends_with("403")), "{seen:?}");
+    assert_eq!(serve.read(".ready").as_deref(), Some(""), "the listed tree is served meanwhile");
+}
+
+#[test]
+fn watches_answering_410_relist_with_backoff() {
+    let api = api_for("ml");
+    one_gpu(&api);
+    api.set_watch_fault(WatchFault::Gone);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (serve, seen) = reads_in_window_after_ready(&api, &env);
+    assert!(seen.iter().filter(|r| r.contains(" list ")).count() >= 1, "410 relists: {seen:?}");
+    assert_eq!(serve.read("gpu/gpu/0/uuid").as_deref(), Some("U0"));
+}
+
+#[test]
+fn watches_closed_at_once_are_resumed_with_backoff() {
+    let api = api_for("ml");
+    one_gpu(&api);
+    api.set_watch_fault(WatchFault::CloseAtOnce);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (serve, seen) = reads_in_window_after_ready(&api, &env);
+    assert!(seen.iter().filter(|r| r.contains("watch")).count() >= 3, "closed watches are resumed: {seen:?}");
+    assert_eq!(serve.read("gpu/gpu/0/uuid").as_deref(), Some("U0"));
+}
+
+#[test]
+fn failing_watches_back_off_and_recover_within_the_cap_once_healed() {
+    let api = api_for("ml");
+    one_gpu(&api);
+    // 500, not 503: the kube client retries 503/429/504 by itself before reporting.
+    api.inject(Fault { verb: Some("watch".into()), resource: None, status: 500, count: usize::MAX });
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let (mut serve, seen) = reads_in_window_after_ready(&api, &env);
+    assert!(seen.iter().any(|r| r.ends_with("500")), "{seen:?}");
+    // Healed: the change shows up once the next retry, at most the cap away, succeeds.
+    api.clear_faults();
+    set_uuid(&api, "U1");
+    serve.wait_for("gpu/gpu/0/uuid", Some("U1"), BACKOFF_CAP + Duration::from_secs(5));
 }

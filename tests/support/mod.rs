@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub use apiserver::{Fault, Res, TestApi};
+pub use apiserver::{Fault, Res, TestApi, WatchFault};
 use serde_json::Value;
 
 pub const TOKEN: &str = "drafs-sa-token";
