@@ -293,3 +293,72 @@ fn failing_watches_back_off_and_recover_within_the_cap_once_healed() {
     set_uuid(&api, "U1");
     serve.wait_for("gpu/gpu/0/uuid", Some("U1"), BACKOFF_CAP + Duration::from_secs(5));
 }
+
+/// A pool of two slices (n1-a holds g0, n1-b holds g1, `resourceSliceCount: 2`)
+/// at `generation`, each device with `version` = `gen<generation>`.
+fn pool_slice(api: &TestApi, name: &str, device: &str, generation: i64) {
+    let mut s = slice(
+        name,
+        "gpu.example.com",
+        "n1",
+        generation,
+        Some("n1"),
+        &[(device, json!({"version": {"string": format!("gen{generation}")}}))],
+    );
+    s["spec"]["pool"]["resourceSliceCount"] = json!(2);
+    api.apply(s);
+}
+
+/// A one-slice pool `mark` whose device m0 carries `value`: once the tree shows
+/// it, drafs has handled every slice event sent before it (one watch, in order).
+fn marker(api: &TestApi, value: &str) {
+    api.apply(slice("n1-mark", "gpu.example.com", "mark", 1, Some("n1"), &[("m0", json!({"v": {"string": value}}))]));
+}
+
+#[test]
+fn a_pool_republished_slice_by_slice_keeps_serving_its_last_complete_generation() {
+    let api = api_for("ml");
+    let results = [
+        ("gpu", "gpu.example.com", "n1", "g0"),
+        ("gpu", "gpu.example.com", "n1", "g1"),
+        ("mark", "gpu.example.com", "mark", "m0"),
+    ];
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&results)));
+    pool_slice(&api, "n1-a", "g0", 1);
+    pool_slice(&api, "n1-b", "g1", 1);
+    marker(&api, "before");
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    let dir_arg = dir.to_str().unwrap().to_string();
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    let consistent = |serve: &Serve, want: &str| {
+        assert_eq!(serve.read(".ready").as_deref(), Some(""), ".ready stays");
+        for device in ["0", "1"] {
+            assert_eq!(serve.read(&format!("gpu/gpu/{device}/version")).as_deref(), Some(want), "device {device}");
+        }
+    };
+
+    // The driver republishes the pool at generation 2, one slice at a time.
+    pool_slice(&api, "n1-a", "g0", 2);
+    marker(&api, "after-a");
+    serve.wait_for("gpu/mark/0/v", Some("after-a"), LIMIT);
+    // Until n1-b follows, generation 2 is incomplete: generation 1 is still the pool.
+    let window = std::time::Instant::now();
+    let mut polls = 0;
+    while window.elapsed() < Duration::from_secs(1) {
+        consistent(&serve, "gen1");
+        polls += 1;
+        if polls == 1 {
+            let probe = env.run(&["probe", "--dir", &dir_arg], LIMIT);
+            assert!(probe.status.success(), "probe during the republish: {}", stderr(&probe));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(polls > 50, "polled {polls} times");
+    pool_slice(&api, "n1-b", "g1", 2);
+    serve.wait_for("gpu/gpu/1/version", Some("gen2"), LIMIT);
+    consistent(&serve, "gen2");
+    let lost: Vec<_> = api.events().into_iter().filter(|e| e["type"] == "Warning").collect();
+    assert!(lost.is_empty(), "no Warning: {lost:?}");
+}
