@@ -362,3 +362,31 @@ fn a_pool_republished_slice_by_slice_keeps_serving_its_last_complete_generation(
     let lost: Vec<_> = api.events().into_iter().filter(|e| e["type"] == "Warning").collect();
     assert!(lost.is_empty(), "no Warning: {lost:?}");
 }
+
+fn tree_updates(addr: &str) -> u64 {
+    let (_, body) = http_get(addr, "/metrics").expect("metrics answer");
+    body.lines()
+        .find_map(|l| l.strip_prefix("drafs_tree_updates_total ")?.parse().ok())
+        .expect("drafs_tree_updates_total")
+}
+
+#[test]
+fn a_burst_of_changes_is_coalesced_into_few_writes() {
+    const CHANGES: usize = 1000;
+    let api = api_for("ml");
+    eight_device_pod(&api);
+    eight_device_slice(&api, 0);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let dir = env.path("dra");
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metrics-addr", &addr], LIMIT);
+    let before = tree_updates(&addr);
+    for generation in 1..=CHANGES {
+        eight_device_slice(&api, generation);
+    }
+    serve.wait_for("gpu/gpu/0/attr0", Some(&format!("value-0-0-{CHANGES}")), LIMIT);
+    assert_eq!(serve.read("gpu/gpu/7/attr29").as_deref(), Some(&*format!("value-7-29-{CHANGES}")));
+    let writes = tree_updates(&addr) - before;
+    eprintln!("{writes} tree writes for {CHANGES} changes");
+    assert!(writes <= (CHANGES / 10) as u64, "{writes} tree writes for {CHANGES} changes");
+}
