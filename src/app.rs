@@ -407,8 +407,8 @@ enum Wake {
 
 /// Drive the reconciler with the engine until the run is done. Outputs are
 /// published as the steps say (`None`: `get`/`exec`, nothing to publish).
-/// Inputs are taken in batches (everything queued at once: one resolution
-/// for a burst of watch events) while trees are written in the background.
+/// Inputs are taken in batches (everything queued at once) while trees are
+/// written in the background, and resolved when no write is running.
 async fn drive(
     engine: &mut Engine,
     reconciler: &mut Reconciler,
@@ -448,14 +448,26 @@ async fn drive(
             _ = sleep_until_opt(retry_at) => Wake::Retry,
         };
         step = Step::default();
+        let writing = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.writing.is_some());
         match wake {
-            Wake::Inputs(inputs) => step = reconciler.handle_all(inputs),
+            Wake::Inputs(inputs) => {
+                // While a tree is being written, inputs only go into the state:
+                // it is resolved once that write is done, so a burst costs a
+                // few resolutions, not one per event.
+                step = reconciler.absorb(inputs);
+                if step.done.is_none() && !writing(&outputs) {
+                    step.merge(reconciler.settle());
+                }
+            }
             Wake::Written(written) => {
                 if let Some(out) = outputs.as_deref_mut()
                     && let Err(e) = out.finish_write(*written)
                     && fail_on_output_error
                 {
                     return Err(RunError::Output(e));
+                }
+                if !writing(&outputs) {
+                    step = reconciler.settle();
                 }
             }
             Wake::Retry => {

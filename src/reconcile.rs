@@ -135,6 +135,23 @@ pub struct Step {
     pub done: Option<Result<Resolution, EngineError>>,
 }
 
+impl Step {
+    /// Add a later step's outcome to this one.
+    pub fn merge(&mut self, later: Step) {
+        self.actions.extend(later.actions);
+        self.warnings.extend(later.warnings);
+        if later.publish.is_some() {
+            self.publish = later.publish;
+        }
+        if later.transition.is_some() {
+            self.transition = later.transition;
+        }
+        if later.done.is_some() {
+            self.done = later.done;
+        }
+    }
+}
+
 /// The reconciler.
 #[derive(Debug)]
 pub struct Reconciler {
@@ -166,6 +183,8 @@ pub struct Reconciler {
     published: Option<Tree>,
     last_missing: Vec<String>,
     started: Instant,
+    /// Inputs were taken in since the last resolution.
+    unsettled: bool,
 }
 
 const POD_KEY: &str = "pod";
@@ -200,6 +219,7 @@ impl Reconciler {
             published: None,
             last_missing: Vec::new(),
             started: Instant::now(),
+            unsettled: false,
         }
     }
 
@@ -228,18 +248,37 @@ impl Reconciler {
     /// Take in every input, then resolve once: a burst of watch events costs
     /// one resolution and at most one tree, of the latest state.
     pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
+        let mut step = self.absorb(inputs);
+        step.merge(self.settle());
+        step
+    }
+
+    /// Take in inputs without resolving yet (the caller is still writing the
+    /// last tree): only what the inputs themselves call for (retries, the
+    /// end of a run) is in the step.
+    pub fn absorb(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
         let mut step = Step::default();
-        let mut changed = false;
         for input in inputs {
             if self.done {
                 break;
             }
-            changed |= self.apply(input, &mut step);
+            self.unsettled |= self.apply(input, &mut step);
         }
-        if changed {
+        step
+    }
+
+    /// Resolve what the inputs taken in since the last resolution changed.
+    pub fn settle(&mut self) -> Step {
+        let mut step = Step::default();
+        if std::mem::take(&mut self.unsettled) {
             self.evaluate(&mut step);
         }
         step
+    }
+
+    /// Inputs were taken in and not resolved yet.
+    pub fn is_unsettled(&self) -> bool {
+        self.unsettled && !self.done
     }
 
     /// One input into the state; false when it changed nothing to resolve.
@@ -1134,5 +1173,14 @@ mod tests {
             Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "D")]) },
         ]);
         assert!(step.publish.is_none() && step.transition.is_none());
+        // Taken in while a tree is written, resolved once afterwards.
+        for uuid in ["F", "G"] {
+            let step =
+                r.absorb([Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) }]);
+            assert!(step.publish.is_none() && step.actions.is_empty());
+        }
+        assert!(r.is_unsettled());
+        assert_eq!(uuid(r.settle().publish.as_ref().unwrap()), "G");
+        assert!(!r.is_unsettled() && r.settle().publish.is_none());
     }
 }

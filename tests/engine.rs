@@ -381,10 +381,13 @@ fn a_burst_of_changes_is_coalesced_into_few_writes() {
     let dir = env.path("dra");
     let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files", "--metrics-addr", &addr], LIMIT);
     let before = tree_updates(&addr);
+    let start = std::time::Instant::now();
     for generation in 1..=CHANGES {
         eight_device_slice(&api, generation);
     }
+    let burst = start.elapsed();
     serve.wait_for("gpu/gpu/0/attr0", Some(&format!("value-0-0-{CHANGES}")), LIMIT);
+    eprintln!("burst {} ms, last value {} ms after", burst.as_millis(), (start.elapsed() - burst).as_millis());
     assert_eq!(serve.read("gpu/gpu/7/attr29").as_deref(), Some(&*format!("value-7-29-{CHANGES}")));
     let writes = tree_updates(&addr) - before;
     eprintln!("{writes} tree writes for {CHANGES} changes");
