@@ -42,7 +42,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// memory holds at once, so pages are small; more pages only cost round trips.
 pub const PAGE_SIZE: u32 = 4;
 /// Inputs queued for the reconciler at most; a watch waits while it is full.
-pub const INPUT_QUEUE: usize = 64;
+pub const INPUT_QUEUE: usize = 16;
 
 /// Runs the actions' requests as tasks and queues their results as inputs.
 pub struct Engine {
