@@ -102,7 +102,9 @@ pub enum EngineError {
     Timeout { waiting_for: Vec<String> },
 }
 
-/// Exponential retry delays: 200 ms doubling to 5 s, reset after a success.
+/// Start-up retries (the pod, a scope until its first list): 200 ms doubling
+/// to 5 s, quick because a pod's start waits for them. Once a scope is listed,
+/// [`WatchBackoff`] takes over.
 #[derive(Debug, Clone)]
 pub struct RetryBackoff {
     next: Duration,

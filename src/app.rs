@@ -448,14 +448,14 @@ async fn drive(
             _ = sleep_until_opt(retry_at) => Wake::Retry,
         };
         step = Step::default();
-        let writing = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.writing.is_some());
+        let busy = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.writing.is_some());
         match wake {
             Wake::Inputs(inputs) => {
                 // While a tree is being written, inputs only go into the state:
                 // it is resolved once that write is done, so a burst costs a
                 // few resolutions, not one per event.
                 step = reconciler.absorb(inputs);
-                if step.done.is_none() && !writing(&outputs) {
+                if step.done.is_none() && !busy(&outputs) {
                     step.merge(reconciler.settle());
                 }
             }
@@ -466,7 +466,7 @@ async fn drive(
                 {
                     return Err(RunError::Output(e));
                 }
-                if !writing(&outputs) {
+                if !busy(&outputs) {
                     step = reconciler.settle();
                 }
             }
