@@ -215,15 +215,38 @@ impl Publisher {
     }
 }
 
+/// A readiness change, reported once the tree that carries it is written.
+struct Report {
+    transition: Transition,
+    uid: Option<String>,
+}
+
+/// What a write off the runtime thread gives back.
+type Written = (Publisher, Publication, Result<(), PublishError>);
+
 /// Writes trees off the runtime thread (a slow disk must not stall watches or
-/// `/readyz`), retries a failed write with backoff, and reports readiness
-/// changes to the log, the metrics and the pod's Events from one place.
+/// `/readyz`), one at a time: a publication that comes while a write runs
+/// waits, and a newer one replaces it (the latest state wins), so a burst of
+/// changes costs the write in progress and one more. A failed write is
+/// retried with backoff. Readiness changes are reported to the log, the
+/// metrics and the pod's Events from one place, once the tree that carries
+/// them is written.
 struct Outputs {
+    /// None while a write runs (it has the publisher).
     publisher: Option<Publisher>,
+    writing: Option<tokio::task::JoinHandle<Written>>,
+    /// Reported when the write in progress is done.
+    writing_reports: Vec<Report>,
+    /// The newest publication not written yet.
+    pending: Option<Publication>,
+    pending_reports: Vec<Report>,
     metrics: Arc<Metrics>,
     events: Events,
     dir: std::path::PathBuf,
-    failed: Option<Publication>,
+    /// The last write failed (its publication is pending again).
+    failing: bool,
+    /// Files in the last tree written.
+    files: usize,
     retry: RetryBackoff,
     retry_at: Option<Instant>,
 }
@@ -232,62 +255,136 @@ impl Outputs {
     fn new(publisher: Publisher, metrics: Arc<Metrics>, events: Events, dir: &Path) -> Self {
         Outputs {
             publisher: Some(publisher),
+            writing: None,
+            writing_reports: Vec::new(),
+            pending: None,
+            pending_reports: Vec::new(),
             metrics,
             events,
             dir: dir.to_path_buf(),
-            failed: None,
+            failing: false,
+            files: 0,
             retry: RetryBackoff::default(),
             retry_at: None,
         }
     }
 
-    async fn publish(&mut self, publication: Publication) -> Result<(), PublishError> {
-        let built = &publication.built;
-        if !built.is_ready() {
-            // Not ready is true already before the files are written; ready only after.
-            self.metrics.not_ready(&built.missing);
+    /// Take a step's publication and transition: written at once if no write
+    /// runs, else after it (replacing a publication still waiting).
+    fn submit(&mut self, publication: Option<Publication>, transition: Option<Transition>, uid: Option<String>) {
+        if let Some(transition) = transition {
+            self.pending_reports.push(Report { transition, uid });
         }
-        let Some(mut publisher) = self.publisher.take() else { return Err(PublishError::WriterGone) };
-        let (publisher, publication, result) = tokio::task::spawn_blocking(move || {
+        if let Some(publication) = publication {
+            if !publication.built.is_ready() {
+                // Not ready is true already before the files are written; ready only after.
+                self.metrics.not_ready(&publication.built.missing);
+            }
+            self.pending = Some(publication);
+            // A new state is written at once, even while an older one waits for its retry.
+            self.retry_at = None;
+        }
+        self.start_next();
+    }
+
+    /// Start writing the pending publication if nothing is being written and
+    /// no retry is due later; report what waits for no tree.
+    fn start_next(&mut self) {
+        if self.writing.is_some() || self.retry_at.is_some() {
+            return;
+        }
+        let Some(publication) = self.pending.take() else {
+            for report in std::mem::take(&mut self.pending_reports) {
+                self.report(report, self.files);
+            }
+            return;
+        };
+        let Some(mut publisher) = self.publisher.take() else {
+            self.pending = Some(publication);
+            return;
+        };
+        self.writing_reports = std::mem::take(&mut self.pending_reports);
+        self.writing = Some(tokio::task::spawn_blocking(move || {
             let result = publisher.publish(&publication.resolution, &publication.built);
             (publisher, publication, result)
-        })
-        .await
-        .map_err(|_| PublishError::WriterGone)?;
+        }));
+    }
+
+    /// Until the write in progress is done (forever when none runs).
+    async fn write_done(writing: &mut Option<tokio::task::JoinHandle<Written>>) -> Option<Written> {
+        match writing {
+            Some(task) => {
+                let written = task.await.ok();
+                *writing = None;
+                written
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A write ended: count it, report its transitions, and start the next one.
+    fn finish_write(&mut self, written: Option<Written>) -> Result<(), PublishError> {
+        let Some((publisher, publication, result)) = written else {
+            return Err(PublishError::WriterGone);
+        };
         self.publisher = Some(publisher);
         let built = &publication.built;
+        let files = built.tree.len();
         match &result {
             Ok(()) => {
-                self.metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
-                if self.failed.take().is_some() {
+                self.files = files;
+                self.metrics.tree_published(built.is_ready(), files, &built.missing);
+                if std::mem::take(&mut self.failing) {
                     info!("outputs written again");
                 }
                 self.retry.reset();
-                self.retry_at = None;
             }
             Err(e) => {
                 self.metrics.not_ready(&[format!("output failed: {e}")]);
                 let after = self.retry.next().unwrap_or_default();
                 warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
-                if self.failed.is_none() {
+                if !std::mem::replace(&mut self.failing, true) {
                     let message = format!("cannot write the outputs: {e}; retrying");
                     self.events.record(Note { warning: true, reason: events::NOT_READY, message, uid: None });
                 }
-                self.retry_at = Some(Instant::now() + after);
-                self.failed = Some(publication);
+                // Written again later, unless a newer state came meanwhile.
+                if self.pending.is_none() {
+                    self.pending = Some(publication);
+                    self.retry_at = Some(Instant::now() + after);
+                }
             }
         }
+        for report in std::mem::take(&mut self.writing_reports) {
+            self.report(report, files);
+        }
+        self.start_next();
         result
     }
 
-    async fn retry_failed(&mut self) {
+    fn retry_failed(&mut self) {
         self.retry_at = None;
-        if let Some(publication) = self.failed.take() {
-            let _ = self.publish(publication).await;
-        }
+        self.start_next();
     }
 
-    fn report(&self, transition: Transition, files: usize, uid: Option<String>) {
+    /// At the end of a run: write what is pending now (no retry is waited
+    /// for) and wait for the writes; the first error, if any.
+    async fn flush(&mut self) -> Result<(), PublishError> {
+        let mut outcome = Ok(());
+        self.retry_at = None;
+        self.start_next();
+        while self.writing.is_some() {
+            let written = Self::write_done(&mut self.writing).await;
+            if let Err(e) = self.finish_write(written)
+                && outcome.is_ok()
+            {
+                outcome = Err(e);
+            }
+        }
+        outcome
+    }
+
+    fn report(&self, report: Report, files: usize) {
+        let Report { transition, uid } = report;
         let note =
             |warning: bool, reason: &'static str, message: String| Note { warning, reason, message, uid: uid.clone() };
         match transition {
@@ -310,8 +407,17 @@ impl Outputs {
     }
 }
 
+/// What woke the drive loop.
+enum Wake {
+    Inputs(Vec<crate::reconcile::Input>),
+    Written(Box<Option<Written>>),
+    Retry,
+}
+
 /// Drive the reconciler with the engine until the run is done. Outputs are
 /// published as the steps say (`None`: `get`/`exec`, nothing to publish).
+/// Inputs are taken in batches (everything queued at once) while trees are
+/// written in the background, and resolved when no write is running.
 async fn drive(
     engine: &mut Engine,
     reconciler: &mut Reconciler,
@@ -324,30 +430,59 @@ async fn drive(
             warn!("{w}");
         }
         engine.execute(std::mem::take(&mut step.actions));
-        let files = step.publish.as_ref().map(|p| p.built.tree.len()).unwrap_or_default();
-        if let (Some(out), Some(publication)) = (outputs.as_deref_mut(), step.publish.take())
-            && let Err(e) = out.publish(publication).await
-            && fail_on_output_error
-        {
-            return Err(RunError::Output(e));
-        }
-        if let (Some(out), Some(transition)) = (outputs.as_deref(), step.transition.take()) {
-            out.report(transition, files, reconciler.pod_uid());
+        if let Some(out) = outputs.as_deref_mut() {
+            out.submit(step.publish.take(), step.transition.take(), reconciler.pod_uid());
         }
         if let Some(done) = step.done.take() {
+            if let Some(out) = outputs.as_deref_mut()
+                && let Err(e) = out.flush().await
+                && fail_on_output_error
+            {
+                return Err(RunError::Output(e));
+            }
             return Ok(done?);
         }
         if matches!(reconciler.phase(), Phase::Ready | Phase::Degraded) {
             engine.clear_deadline();
         }
         let retry_at = outputs.as_ref().and_then(|o| o.retry_at);
-        tokio::select! {
-            input = engine.next() => step = reconciler.handle(input),
-            _ = sleep_until_opt(retry_at) => {
-                if let Some(out) = outputs.as_deref_mut() {
-                    out.retry_failed().await;
+        let mut no_write = None;
+        let writing = match outputs.as_deref_mut() {
+            Some(out) => &mut out.writing,
+            None => &mut no_write,
+        };
+        let wake = tokio::select! {
+            inputs = engine.next_batch() => Wake::Inputs(inputs),
+            written = Outputs::write_done(writing) => Wake::Written(Box::new(written)),
+            _ = sleep_until_opt(retry_at) => Wake::Retry,
+        };
+        step = Step::default();
+        let busy = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.writing.is_some());
+        match wake {
+            Wake::Inputs(inputs) => {
+                // While a tree is being written, inputs only go into the state:
+                // it is resolved once that write is done, so a burst costs a
+                // few resolutions, not one per event.
+                step = reconciler.absorb(inputs);
+                if step.done.is_none() && !busy(&outputs) {
+                    step.merge(reconciler.settle());
                 }
-                step = Step::default();
+            }
+            Wake::Written(written) => {
+                if let Some(out) = outputs.as_deref_mut()
+                    && let Err(e) = out.finish_write(*written)
+                    && fail_on_output_error
+                {
+                    return Err(RunError::Output(e));
+                }
+                if !busy(&outputs) {
+                    step = reconciler.settle();
+                }
+            }
+            Wake::Retry => {
+                if let Some(out) = outputs.as_deref_mut() {
+                    out.retry_failed();
+                }
             }
         }
     }

@@ -9,11 +9,11 @@
 //! `get` and `exec` differ only in their [`Mode`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{ApiError, EngineError, PodRef, RetryBackoff};
+use crate::api::{ApiError, EngineError, PodRef, RetryBackoff, WATCH_SECONDS, WatchBackoff, seed_of};
 use crate::resolve::{Missing, Resolution, Selection, claim_names, resolve};
 use crate::slices::{self, DeviceFilter};
 use crate::store::{Item, Scope, Store};
@@ -66,8 +66,13 @@ pub enum Input {
         scope: Scope,
         resource_version: String,
     },
-    /// The server closed a watch in the ordinary way (its timeout).
-    WatchEnded(Scope),
+    /// The server closed a watch without an error, after `lasted`, having
+    /// sent `changes` objects (added, modified, deleted; bookmarks not counted).
+    WatchEnded {
+        scope: Scope,
+        lasted: Duration,
+        changes: usize,
+    },
     /// 410 Gone: the resource version is too old; list again.
     Expired(Scope),
     Failed {
@@ -130,6 +135,23 @@ pub struct Step {
     pub done: Option<Result<Resolution, EngineError>>,
 }
 
+impl Step {
+    /// Add a later step's outcome to this one.
+    pub fn merge(&mut self, later: Step) {
+        self.actions.extend(later.actions);
+        self.warnings.extend(later.warnings);
+        if later.publish.is_some() {
+            self.publish = later.publish;
+        }
+        if later.transition.is_some() {
+            self.transition = later.transition;
+        }
+        if later.done.is_some() {
+            self.done = later.done;
+        }
+    }
+}
+
 /// The reconciler.
 #[derive(Debug)]
 pub struct Reconciler {
@@ -149,19 +171,31 @@ pub struct Reconciler {
     listing: BTreeSet<Scope>,
     watching: BTreeSet<Scope>,
     pod_pending: bool,
+    /// Start-up retries: the pod, and each scope until its first list.
     backoff: BTreeMap<String, RetryBackoff>,
+    /// Retries of scopes listed once (see [`WatchBackoff`]).
+    trouble: WatchBackoff,
+    /// Scopes whose next watch waits this long (it failed or was cut short).
+    watch_after: BTreeMap<Scope, Duration>,
     /// The last error of the pod ("pod") or of each scope, for the timeout message.
     errors: BTreeMap<String, String>,
     warned: BTreeSet<String>,
     published: Option<Tree>,
     last_missing: Vec<String>,
-    started: std::time::Instant,
+    started: Instant,
+    /// Inputs were taken in since the last resolution.
+    unsettled: bool,
 }
 
 const POD_KEY: &str = "pod";
 
+/// A watch the server ends sooner than this without sending a change was cut
+/// short (the server asked for [`WATCH_SECONDS`]): resumed only after a delay.
+const WATCH_CUT_SHORT: Duration = Duration::from_secs(WATCH_SECONDS as u64 / 2);
+
 impl Reconciler {
     pub fn new(mode: Mode, pod_ref: PodRef, selection: Selection, require: Vec<RequirePath>) -> Self {
+        let seed = seed_of(&format!("{}/{}", pod_ref.namespace, pod_ref.name));
         Reconciler {
             mode,
             pod_ref,
@@ -178,11 +212,14 @@ impl Reconciler {
             watching: BTreeSet::new(),
             pod_pending: false,
             backoff: BTreeMap::new(),
+            trouble: WatchBackoff::new(seed),
+            watch_after: BTreeMap::new(),
             errors: BTreeMap::new(),
             warned: BTreeSet::new(),
             published: None,
             last_missing: Vec::new(),
-            started: std::time::Instant::now(),
+            started: Instant::now(),
+            unsettled: false,
         }
     }
 
@@ -205,10 +242,47 @@ impl Reconciler {
     }
 
     pub fn handle(&mut self, input: Input) -> Step {
+        self.handle_all([input])
+    }
+
+    /// Take in every input, then resolve once: a burst of watch events costs
+    /// one resolution and at most one tree, of the latest state.
+    pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
+        let mut step = self.absorb(inputs);
+        step.merge(self.settle());
+        step
+    }
+
+    /// Take in inputs without resolving yet (the caller is still writing the
+    /// last tree): only what the inputs themselves call for (retries, the
+    /// end of a run) is in the step.
+    pub fn absorb(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
         let mut step = Step::default();
-        if self.done {
-            return step;
+        for input in inputs {
+            if self.done {
+                break;
+            }
+            self.unsettled |= self.apply(input, &mut step);
         }
+        step
+    }
+
+    /// Resolve what the inputs taken in since the last resolution changed.
+    pub fn settle(&mut self) -> Step {
+        let mut step = Step::default();
+        if std::mem::take(&mut self.unsettled) {
+            self.evaluate(&mut step);
+        }
+        step
+    }
+
+    /// Inputs were taken in and not resolved yet.
+    pub fn is_unsettled(&self) -> bool {
+        self.unsettled && !self.done
+    }
+
+    /// One input into the state; false when it changed nothing to resolve.
+    fn apply(&mut self, input: Input, step: &mut Step) -> bool {
         match input {
             Input::Pod(pod) => {
                 // Defence in depth: the object must be the pod asked for.
@@ -226,14 +300,14 @@ impl Reconciler {
                         ),
                         code: None,
                     };
-                    return self.handle(Input::PodFailed(error));
+                    return self.apply(Input::PodFailed(error), step);
                 }
-                self.on_pod(*pod, &mut step)
+                self.on_pod(*pod, step)
             }
             Input::PodFailed(error) => {
                 self.pod_pending = false;
-                if self.fatal(&error, &mut step) {
-                    return step;
+                if self.fatal(&error, step) {
+                    return false;
                 }
                 self.errors.insert(POD_KEY.into(), error.to_string());
                 step.warnings.extend(self.warn_once(format!("{error}; retrying")));
@@ -244,9 +318,9 @@ impl Reconciler {
             Input::Listed { scope, items, resource_version, decoded_with } => {
                 self.listing.remove(&scope);
                 if !self.store.has_scope(&scope) {
-                    return step;
+                    return false;
                 }
-                let items = self.admit(&scope, items, &mut step);
+                let items = self.admit(&scope, items, step);
                 self.store.replace(&scope, items, resource_version);
                 self.errors.remove(&scope.to_string());
                 self.backoff.remove(&scope.to_string());
@@ -256,53 +330,69 @@ impl Reconciler {
                     self.listed_with.insert(scope.clone(), with);
                     if stale {
                         // The filter grew while this list was under way.
-                        self.list(scope, Duration::ZERO, &mut step);
+                        self.list(scope, Duration::ZERO, step);
                     }
                 }
             }
             Input::Applied { scope, item } => {
-                if let Some(item) = self.admit(&scope, vec![item], &mut step).pop() {
+                if let Some(item) = self.admit(&scope, vec![item], step).pop() {
                     self.store.apply(&scope, item);
                 }
                 self.errors.remove(&scope.to_string());
             }
             Input::Deleted { scope, name, resource_version } => self.store.delete(&scope, &name, resource_version),
             Input::Bookmark { scope, resource_version } => self.store.bookmark(&scope, resource_version),
-            Input::WatchEnded(scope) => {
+            Input::WatchEnded { scope, lasted, changes } => {
                 self.watching.remove(&scope);
+                if changes == 0 && lasted < WATCH_CUT_SHORT {
+                    let after = self.trouble.next(Instant::now());
+                    self.watch_after.insert(scope, after);
+                }
             }
             Input::Expired(scope) => {
                 self.watching.remove(&scope);
-                self.list(scope, Duration::ZERO, &mut step);
+                let after = self.trouble.next(Instant::now());
+                self.list(scope, after, step);
             }
             Input::Failed { scope, error } => {
-                self.watching.remove(&scope);
+                let was_watch = self.watching.remove(&scope);
                 self.listing.remove(&scope);
-                if self.fatal(&error, &mut step) {
-                    return step;
+                if self.fatal(&error, step) {
+                    return false;
                 }
                 let key = scope.to_string();
                 step.warnings.extend(self.warn_once(format!("{error}; retrying")));
                 self.errors.insert(key.clone(), error.to_string());
-                let after = self.next_backoff(&key);
-                self.list(scope, after, &mut step);
+                if !self.store.is_listed(&scope) {
+                    // The first list: retried quickly, start-up is waiting for it.
+                    let after = self.next_backoff(&key);
+                    self.list(scope, after, step);
+                } else if was_watch && error.is_watch() {
+                    // What the store holds is still good from its version: watch again, later.
+                    let after = self.trouble.next(Instant::now());
+                    self.watch_after.insert(scope, after);
+                } else {
+                    let after = self.trouble.next(Instant::now());
+                    self.list(scope, after, step);
+                }
             }
             Input::Deadline => {
                 // The deadline only bounds the way to the first ready tree.
                 if !self.ever_ready {
-                    self.finish(Err(EngineError::Timeout { waiting_for: self.waiting_for() }), &mut step);
-                    return step;
+                    self.finish(Err(EngineError::Timeout { waiting_for: self.waiting_for() }), step);
+                    return false;
                 }
             }
         }
-        self.evaluate(&mut step);
-        step
+        true
     }
 
     fn on_pod(&mut self, pod: Pod, step: &mut Step) {
         self.pod_pending = false;
         self.errors.remove(POD_KEY);
-        self.backoff.remove(POD_KEY);
+        // The backoff stays: the pod is fetched again only while its status
+        // lacks a generated claim, and an answer that still lacks it must not
+        // bring the next request closer.
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
         let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
         self.store.pod = Some(pod);
@@ -380,6 +470,7 @@ impl Reconciler {
     fn list(&mut self, scope: Scope, after: Duration, step: &mut Step) {
         if self.listing.insert(scope.clone()) {
             self.watching.remove(&scope);
+            self.watch_after.remove(&scope);
             step.actions.push(Action::List { scope, after });
         }
     }
@@ -390,7 +481,8 @@ impl Reconciler {
         }
         let Some(rv) = self.store.resource_version(scope).map(String::from) else { return };
         self.watching.insert(scope.clone());
-        step.actions.push(Action::Watch { scope: scope.clone(), resource_version: rv, after: Duration::ZERO });
+        let after = self.watch_after.remove(scope).unwrap_or_default();
+        step.actions.push(Action::Watch { scope: scope.clone(), resource_version: rv, after });
     }
 
     fn next_backoff(&mut self, key: &str) -> Duration {
@@ -684,6 +776,10 @@ mod tests {
         Scope::NodeSlices("n1".into())
     }
 
+    fn ended(scope: Scope, lasted: Duration, changes: usize) -> Input {
+        Input::WatchEnded { scope, lasted, changes }
+    }
+
     fn listed(scope: Scope, items: Vec<Item>, filter: Option<&DeviceFilter>) -> Input {
         Input::Listed { scope, items, resource_version: "10".into(), decoded_with: filter.cloned() }
     }
@@ -813,9 +909,9 @@ mod tests {
         assert_eq!(step.transition, Some(Transition::Recovered));
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "C");
         // A watch that ends is resumed from the last version seen; an expired one is listed again.
-        let step = r.handle(Input::WatchEnded(node_scope()));
+        let step = r.handle(ended(node_scope(), Duration::from_secs(WATCH_SECONDS.into()), 0));
         assert!(
-            matches!(&step.actions[..], [Action::Watch { scope, resource_version, .. }] if *scope == node_scope() && resource_version == "9")
+            matches!(&step.actions[..], [Action::Watch { scope, resource_version, after }] if *scope == node_scope() && resource_version == "9" && after.is_zero())
         );
         let step = r.handle(Input::Expired(node_scope()));
         assert_eq!(lists(&step), vec![node_scope()]);
@@ -969,5 +1065,122 @@ mod tests {
         assert!(watches(&step).is_empty() && step.publish.is_none());
         let Some(Ok(res)) = step.done else { panic!("{:?}", step.done) };
         assert!(!res.is_complete());
+    }
+
+    fn watch_after(step: &Step, want: &Scope) -> Option<Duration> {
+        step.actions.iter().find_map(|a| match a {
+            Action::Watch { scope, after, .. } if scope == want => Some(*after),
+            _ => None,
+        })
+    }
+
+    fn list_after(step: &Step, want: &Scope) -> Option<Duration> {
+        step.actions.iter().find_map(|a| match a {
+            Action::List { scope, after } if scope == want => Some(*after),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn failing_watches_back_off_and_a_successful_list_does_not_reset_it() {
+        let failed = |verb| Input::Failed {
+            scope: node_scope(),
+            error: ApiError::Forbidden {
+                verb,
+                resource: "resourceslices".into(),
+                scope: String::new(),
+                message: "no watch".into(),
+            },
+        };
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        let (_, step) = first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO), "the first watch at once");
+        // A watch the server refuses: watched again from the same version, later (no list needed).
+        let step = r.handle(failed("watch"));
+        let first = watch_after(&step, &node_scope()).expect("watched again");
+        assert!(first >= WatchBackoff::INITIAL, "{first:?}");
+        assert!(lists(&step).is_empty() && step.publish.is_none());
+        let step = r.handle(failed("watch"));
+        let second = watch_after(&step, &node_scope()).unwrap();
+        assert!(second >= 2 * WatchBackoff::INITIAL, "{second:?} after {first:?}");
+        // 410 Gone: listed again after a delay; the list succeeds, and the
+        // next trouble still waits longer (client-go's reflector does the same).
+        let step = r.handle(Input::Expired(node_scope()));
+        let relist = list_after(&step, &node_scope()).expect("relisted");
+        assert!(relist >= 4 * WatchBackoff::INITIAL, "{relist:?}");
+        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], r.filter.as_ref()));
+        assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO), "a fresh list is watched at once");
+        let step = r.handle(Input::Expired(node_scope()));
+        let later = list_after(&step, &node_scope()).unwrap();
+        assert!(later >= 8 * WatchBackoff::INITIAL && later <= WatchBackoff::CAP, "{later:?}");
+        // One backoff for the run: another scope's trouble goes on from there.
+        let step = r.handle(Input::Expired(claim_scope("c")));
+        let claim = list_after(&step, &claim_scope("c")).unwrap();
+        assert!(claim >= 16 * WatchBackoff::INITIAL && claim <= WatchBackoff::CAP, "{claim:?}");
+    }
+
+    #[test]
+    fn a_watch_cut_short_without_a_change_is_resumed_later() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        // Closed at once with nothing: resumed after a delay that grows.
+        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 0));
+        let first = watch_after(&step, &node_scope()).expect("resumed");
+        assert!(first >= WatchBackoff::INITIAL, "{first:?}");
+        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 0));
+        assert!(watch_after(&step, &node_scope()).unwrap() > first);
+        // Closed early, but it brought a change: resumed at once.
+        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 1));
+        assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO));
+        // Closed when its time was up: resumed at once.
+        let step = r.handle(ended(claim_scope("c"), WATCH_CUT_SHORT, 0));
+        assert_eq!(watch_after(&step, &claim_scope("c")), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_pod_is_fetched_again_with_growing_delays_while_its_claim_is_pending() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        let step = r.handle(pod(&[("gpu", "template:t")], &[]));
+        let filter = filter_of(&step).unwrap();
+        let step = r.handle(listed(node_scope(), vec![], Some(&filter)));
+        let mut delays = Vec::new();
+        let mut step = step;
+        for _ in 0..4 {
+            let after = step.actions.iter().find_map(|a| match a {
+                Action::GetPod { after } => Some(*after),
+                _ => None,
+            });
+            delays.push(after.expect("the pod again"));
+            // The pod comes back, still without the generated claim.
+            step = r.handle(pod(&[("gpu", "template:t")], &[]));
+        }
+        assert!(delays.windows(2).all(|w| w[1] > w[0]), "an answer does not reset the delay: {delays:?}");
+    }
+
+    #[test]
+    fn a_batch_of_inputs_resolves_once_to_the_latest_state() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        let burst = ["B", "C", "D"]
+            .map(|uuid| Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) });
+        let step = r.handle_all(burst);
+        assert_eq!(uuid(step.publish.as_ref().expect("one publication")), "D");
+        assert_eq!(step.transition, Some(Transition::Updated));
+        // A change and its undoing in one batch: nothing to publish.
+        let step = r.handle_all([
+            Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "E")]) },
+            Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "D")]) },
+        ]);
+        assert!(step.publish.is_none() && step.transition.is_none());
+        // Taken in while a tree is written, resolved once afterwards.
+        for uuid in ["F", "G"] {
+            let step =
+                r.absorb([Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) }]);
+            assert!(step.publish.is_none() && step.actions.is_empty());
+        }
+        assert!(r.is_unsettled());
+        assert_eq!(uuid(r.settle().publish.as_ref().unwrap()), "G");
+        assert!(!r.is_unsettled() && r.settle().publish.is_none());
     }
 }

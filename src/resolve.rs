@@ -5,7 +5,7 @@
 //! can wait for it; everything that must not reach the filesystem (hostile or
 //! malformed names, unknown attribute types) is skipped and reported as a warning.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -310,12 +310,24 @@ fn pod_claims(pod: &Pod, selection: &Selection) -> Vec<PodClaim> {
         .collect()
 }
 
-/// The newest generation of each pool, with its devices.
-struct PoolView<'a> {
-    generation: i64,
-    slices_seen: usize,
+/// One generation of a pool as the slices seen so far publish it.
+struct Generation<'a> {
+    slices: HashSet<&'a str>,
     slice_count: i64,
     devices: HashMap<&'a str, &'a Device>,
+}
+
+impl Generation<'_> {
+    fn is_complete(&self) -> bool {
+        self.slices.len() as i64 >= self.slice_count
+    }
+}
+
+/// The generation of a pool that counts, with its devices, and the newest one seen.
+struct PoolView<'a> {
+    generation: i64,
+    current: Generation<'a>,
+    newest: Option<(i64, usize, i64)>,
 }
 
 struct SliceIndex<'a> {
@@ -324,36 +336,42 @@ struct SliceIndex<'a> {
 
 impl<'a> SliceIndex<'a> {
     /// Pools as the scheduler sees them for `node`: a slice bound to another
-    /// node contributes neither devices nor a generation.
+    /// node contributes neither devices nor a generation. The generation that
+    /// counts is the newest one; while that one has fewer slices than its
+    /// `resourceSliceCount` (the driver is still publishing it), the newest
+    /// complete one, as the ResourceSlice API asks consumers to wait for the
+    /// driver to finish. With no complete generation, the newest serves the
+    /// devices it lists.
     fn new(snapshot: &'a Snapshot, node: Option<&str>) -> Self {
-        let mut pools: HashMap<(&str, &str), PoolView> = HashMap::new();
-        for slice in snapshot.slices.values() {
+        let mut all: HashMap<(&str, &str), BTreeMap<i64, Generation>> = HashMap::new();
+        for (key, slice) in &snapshot.slices {
             let spec = &slice.spec;
             if !crate::slices::eligible_for(spec, node) {
                 continue;
             }
-            let key = (spec.driver.as_str(), spec.pool.name.as_str());
-            let view = pools.entry(key).or_insert(PoolView {
-                generation: i64::MIN,
-                slices_seen: 0,
+            let pool = (spec.driver.as_str(), spec.pool.name.as_str());
+            let generation = all.entry(pool).or_default().entry(spec.pool.generation).or_insert_with(|| Generation {
+                slices: HashSet::new(),
                 slice_count: 0,
                 devices: HashMap::new(),
             });
-            if spec.pool.generation > view.generation {
-                *view = PoolView {
-                    generation: spec.pool.generation,
-                    slices_seen: 0,
-                    slice_count: spec.pool.resource_slice_count,
-                    devices: HashMap::new(),
-                };
-            }
-            if spec.pool.generation == view.generation {
-                view.slices_seen += 1;
-                for device in spec.devices.iter().flatten() {
-                    view.devices.insert(device.name.as_str(), device);
-                }
+            generation.slices.insert(slice.metadata.name.as_deref().unwrap_or(key));
+            generation.slice_count = generation.slice_count.max(spec.pool.resource_slice_count);
+            for device in spec.devices.iter().flatten() {
+                generation.devices.insert(device.name.as_str(), device);
             }
         }
+        let pools = all
+            .into_iter()
+            .filter_map(|(pool, mut generations)| {
+                let (&newest, last) = generations.last_key_value()?;
+                let newest_seen = (newest, last.slices.len(), last.slice_count);
+                let counts = generations.iter().rev().find(|(_, g)| g.is_complete()).map_or(newest, |(n, _)| *n);
+                let current = generations.remove(&counts)?;
+                let newest = (newest != counts).then_some(newest_seen);
+                Some((pool, PoolView { generation: counts, current, newest }))
+            })
+            .collect();
         SliceIndex { pools }
     }
 
@@ -361,17 +379,24 @@ impl<'a> SliceIndex<'a> {
         let Some(view) = self.pools.get(&(driver, pool)) else {
             return Err(format!("no ResourceSlice of driver {driver} publishes pool {pool}"));
         };
-        if let Some(found) = view.devices.get(device) {
+        if let Some(found) = view.current.devices.get(device) {
             return Ok(found);
         }
-        if (view.slices_seen as i64) < view.slice_count {
-            Err(format!(
-                "pool {pool} has {} of {} ResourceSlices at generation {} and none lists it",
-                view.slices_seen, view.slice_count, view.generation
-            ))
+        let current = &view.current;
+        let mut detail = if current.is_complete() {
+            format!("pool {pool} at generation {} does not list it", view.generation)
         } else {
-            Err(format!("pool {pool} at generation {} does not list it", view.generation))
+            format!(
+                "pool {pool} has {} of {} ResourceSlices at generation {} and none lists it",
+                current.slices.len(),
+                current.slice_count,
+                view.generation
+            )
+        };
+        if let Some((newest, seen, count)) = view.newest {
+            detail += &format!(" (generation {newest} is being published: {seen} of {count} ResourceSlices so far)");
         }
+        Err(detail)
     }
 }
 
@@ -747,5 +772,64 @@ status:
         let res = resolve(&snapshot(&text), &Selection { claims: vec!["nic".into()] });
         let status = res.claims[0].devices[0].status.as_ref().unwrap();
         assert_eq!(status.interface_name.as_deref(), Some("right"));
+    }
+
+    #[test]
+    fn an_incomplete_newest_generation_leaves_the_last_complete_one_in_use() {
+        // Generation 2 of pool n1 has 1 of its 2 slices: generation 1 (complete) counts.
+        let mut text = POD.to_string();
+        text += &claim(
+            "p-gpu-abc",
+            "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
+            "",
+        );
+        text += &slice(
+            "a-old",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            2,
+            "[{name: g0, attributes: {v: {string: one}}}]",
+        );
+        text +=
+            &slice("b", "nodeName: n1", "gpu.example.com", "n1", 1, 2, "[{name: g1, attributes: {v: {string: one}}}]");
+        text +=
+            &slice("a", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g0, attributes: {v: {string: two}}}]");
+        let sel = Selection { claims: vec!["gpu".into()] };
+        let res = resolve(&snapshot(&text), &sel);
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let v = QualifiedName::parse("v", "gpu.example.com").unwrap();
+        let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
+        assert_eq!(values, vec!["one", "one"], "one generation, the complete one");
+        // The second slice of generation 2 arrives: generation 2 counts.
+        let text = text
+            + &slice(
+                "b2",
+                "nodeName: n1",
+                "gpu.example.com",
+                "n1",
+                2,
+                2,
+                "[{name: g1, attributes: {v: {string: two}}}]",
+            );
+        let res = resolve(&snapshot(&text), &sel);
+        let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
+        assert_eq!(values, vec!["two", "two"]);
+    }
+
+    #[test]
+    fn a_device_missing_from_the_generation_in_use_names_the_one_being_published() {
+        let mut text = POD.to_string();
+        text += &claim("p-gpu-abc", "[{request: gpu, driver: gpu.example.com, pool: n1, device: g9}]", "");
+        text += &slice("a", "nodeName: n1", "gpu.example.com", "n1", 1, 1, "[{name: g0}]");
+        text += &slice("b", "nodeName: n1", "gpu.example.com", "n1", 2, 3, "[{name: g9}]");
+        let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+        let message = res.missing[0].to_string();
+        assert!(
+            message.contains("pool n1 at generation 1 does not list it")
+                && message.contains("generation 2 is being published: 1 of 3"),
+            "{message}"
+        );
     }
 }

@@ -9,6 +9,10 @@
 //! than that plus a margin, so a connection that died without a word is noticed.
 //! The first page of the node's slices is requested together with the claims;
 //! it is decoded once the claims say which devices to keep.
+//!
+//! Results queue for the reconciler in a bounded channel ([`INPUT_QUEUE`]): a
+//! burst of watch events waits in the server's stream, not in drafs's memory,
+//! and [`Engine::next_batch`] hands over all that is queued at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,14 +28,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-pub use crate::api::{ApiError, EngineError, PodRef, RetryBackoff};
+pub use crate::api::{ApiError, EngineError, PodRef, RetryBackoff, WATCH_SECONDS};
 use crate::metrics::Metrics;
 use crate::reconcile::{Action, Input};
 use crate::slices::{self, DeviceFilter, RawEvent, RawList};
 use crate::store::{Item, Scope};
 
-/// The server closes each watch after this long; drafs resumes it from the last version.
-pub const WATCH_SECONDS: u32 = 60;
 /// A watch silent this long (no event, no bookmark, no close) is restarted.
 pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
 /// Longest wait for one request's answer (also bounded by the run's deadline).
@@ -39,13 +41,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Objects per list page: a page of slices (at most 128 devices each) is what
 /// memory holds at once, so pages are small; more pages only cost round trips.
 pub const PAGE_SIZE: u32 = 4;
+/// Inputs queued for the reconciler at most; a watch waits while it is full.
+pub const INPUT_QUEUE: usize = 16;
 
 /// Runs the actions' requests as tasks and queues their results as inputs.
 pub struct Engine {
     client: Client,
     pod: PodRef,
-    tx: mpsc::UnboundedSender<Input>,
-    rx: mpsc::UnboundedReceiver<Input>,
+    tx: mpsc::Sender<Input>,
+    rx: mpsc::Receiver<Input>,
     tasks: HashMap<Scope, JoinHandle<()>>,
     pod_task: Option<JoinHandle<()>>,
     filter: watch::Sender<Option<DeviceFilter>>,
@@ -65,7 +69,7 @@ impl Drop for Engine {
 
 impl Engine {
     pub fn new(client: Client, pod: PodRef, deadline: Option<Instant>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         Engine {
             client,
             pod,
@@ -114,7 +118,7 @@ impl Engine {
                         (self.client.clone(), self.pod.clone(), self.tx.clone(), self.deadline);
                     self.pod_task = Some(tokio::spawn(async move {
                         tokio::time::sleep(after).await;
-                        let _ = tx.send(get_pod(&client, &pod, deadline).await);
+                        let _ = tx.send(get_pod(&client, &pod, deadline).await).await;
                     }));
                 }
                 Action::List { scope, after } => {
@@ -159,6 +163,19 @@ impl Engine {
             input = self.rx.recv() => input.unwrap_or(Input::Deadline),
             _ = sleep_until_opt(deadline) => Input::Deadline,
         }
+    }
+
+    /// The next input and every one queued behind it (at most [`INPUT_QUEUE`]),
+    /// for the reconciler to take in at once.
+    pub async fn next_batch(&mut self) -> Vec<Input> {
+        let mut batch = vec![self.next().await];
+        while batch.len() < INPUT_QUEUE {
+            match self.rx.try_recv() {
+                Ok(input) => batch.push(input),
+                Err(_) => break,
+            }
+        }
+        batch
     }
 }
 
@@ -223,7 +240,7 @@ struct ScopeContext {
     client: Client,
     namespace: String,
     scope: Scope,
-    tx: mpsc::UnboundedSender<Input>,
+    tx: mpsc::Sender<Input>,
     filter: watch::Receiver<Option<DeviceFilter>>,
     deadline: Option<Instant>,
     metrics: Option<Arc<Metrics>>,
@@ -243,14 +260,14 @@ impl ScopeContext {
         format!(" ({})", self.scope.field_selector())
     }
 
-    fn fail(&self, error: ApiError) {
+    async fn fail(&self, error: ApiError) {
         if let Some(m) = &self.metrics {
             m.api_error(error.code());
             if error.is_watch() {
                 m.watch_restarted();
             }
         }
-        let _ = self.tx.send(Input::Failed { scope: self.scope.clone(), error });
+        let _ = self.tx.send(Input::Failed { scope: self.scope.clone(), error }).await;
     }
 
     fn malformed(&self, verb: &'static str, e: impl std::fmt::Display) -> ApiError {
@@ -305,17 +322,19 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
             };
             let request = match Request::new(ctx.url()).list(&params) {
                 Ok(r) => r,
-                Err(e) => return ctx.fail(ctx.malformed("list", e)),
+                Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
             };
             let budget = request_budget(ctx.deadline);
             let body = match tokio::time::timeout(budget, read_body(&ctx.client, request)).await {
-                Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)),
-                Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())),
+                Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)).await,
+                Ok(Err(e)) => {
+                    return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())).await;
+                }
                 Ok(Ok(body)) => body,
             };
             let page: RawList = match serde_json::from_slice(&body) {
                 Ok(p) => p,
-                Err(e) => return ctx.fail(ctx.malformed("list", e)),
+                Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
             };
             let filter = if ctx.scope.is_slices() {
                 ctx.current_filter().await.unwrap_or_default()
@@ -332,7 +351,7 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
                 match ctx.decode(raw.get(), &filter, node.as_deref()) {
                     Ok(Some(item)) => items.push(item),
                     Ok(None) => {}
-                    Err(e) => return ctx.fail(ctx.malformed("list", e)),
+                    Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
                 }
             }
             let resource_version = page.metadata.resource_version.unwrap_or_default();
@@ -340,7 +359,7 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
             if continue_token.is_none() {
                 let scope = ctx.scope.clone();
                 let decoded_with = if scope.is_slices() { decoded_with } else { None };
-                let _ = ctx.tx.send(Input::Listed { scope, items, resource_version, decoded_with });
+                let _ = ctx.tx.send(Input::Listed { scope, items, resource_version, decoded_with }).await;
                 return;
             }
         }
@@ -371,12 +390,14 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
     };
     let request = match Request::new(ctx.url()).watch(&params, &resource_version) {
         Ok(r) => r,
-        Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+        Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
     };
+    let started = Instant::now();
+    let mut changes = 0;
     let budget = request_budget(None);
     let stream = match tokio::time::timeout(budget, ctx.client.request_stream(request)).await {
-        Err(_) => return ctx.fail(timed_out("watch", ctx.scope.resource(), ctx.selector(), budget)),
-        Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "watch", ctx.scope.resource(), ctx.selector())),
+        Err(_) => return ctx.fail(timed_out("watch", ctx.scope.resource(), ctx.selector(), budget)).await,
+        Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "watch", ctx.scope.resource(), ctx.selector())).await,
         Ok(Ok(s)) => s,
     };
     let mut lines = std::pin::pin!(stream.lines());
@@ -391,10 +412,11 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
                     message,
                     code: None,
                 };
-                return ctx.fail(error);
+                return ctx.fail(error).await;
             }
             Ok(None) => {
-                let _ = ctx.tx.send(Input::WatchEnded(ctx.scope.clone()));
+                let (scope, lasted) = (ctx.scope.clone(), started.elapsed());
+                let _ = ctx.tx.send(Input::WatchEnded { scope, lasted, changes }).await;
                 return;
             }
             Ok(Some(Err(e))) => {
@@ -405,7 +427,7 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
                     message: e.to_string(),
                     code: None,
                 };
-                return ctx.fail(error);
+                return ctx.fail(error).await;
             }
             Ok(Some(Ok(line))) => line,
         };
@@ -414,7 +436,7 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
         }
         let event: RawEvent = match serde_json::from_str(&line) {
             Ok(e) => e,
-            Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+            Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
         };
         let scope = ctx.scope.clone();
         let input = match event.kind.as_str() {
@@ -427,12 +449,12 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
                         Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
                         None => continue,
                     },
-                    Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+                    Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
                 }
             }
             "DELETED" => match object_meta(event.object.get()) {
                 Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
-                None => return ctx.fail(ctx.malformed("watch", "a DELETED event without a name")),
+                None => return ctx.fail(ctx.malformed("watch", "a DELETED event without a name")).await,
             },
             "BOOKMARK" => match object_meta(event.object.get()).and_then(|(_, rv)| rv) {
                 Some(resource_version) => Input::Bookmark { scope, resource_version },
@@ -441,26 +463,31 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
             "ERROR" => {
                 let status: kube::core::Status = match serde_json::from_str(event.object.get()) {
                     Ok(s) => s,
-                    Err(e) => return ctx.fail(ctx.malformed("watch", e)),
+                    Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
                 };
                 if status.code == 410 {
                     debug!(%scope, "watch expired (410 Gone); relisting");
                     if let Some(m) = &ctx.metrics {
                         m.watch_restarted();
                     }
-                    let _ = ctx.tx.send(Input::Expired(scope));
+                    let _ = ctx.tx.send(Input::Expired(scope)).await;
                     return;
                 }
-                return ctx.fail(ApiError::classify(
-                    &kube::Error::Api(Box::new(status)),
-                    "watch",
-                    ctx.scope.resource(),
-                    ctx.selector(),
-                ));
+                return ctx
+                    .fail(ApiError::classify(
+                        &kube::Error::Api(Box::new(status)),
+                        "watch",
+                        ctx.scope.resource(),
+                        ctx.selector(),
+                    ))
+                    .await;
             }
             _ => continue,
         };
-        if ctx.tx.send(input).is_err() {
+        if matches!(input, Input::Applied { .. } | Input::Deleted { .. }) {
+            changes += 1;
+        }
+        if ctx.tx.send(input).await.is_err() {
             return;
         }
     }

@@ -109,6 +109,19 @@ pub struct Fault {
     pub count: usize,
 }
 
+/// How every watch answers, whatever it asks for (requests are still logged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WatchFault {
+    /// Watches work.
+    #[default]
+    None,
+    /// An `ERROR` event with a 410 Gone Status, then the end of the stream, as
+    /// the real server answers a watch from a compacted resourceVersion.
+    Gone,
+    /// The stream ends at once without a single event (a proxy cutting watches).
+    CloseAtOnce,
+}
+
 #[derive(Debug, Clone)]
 struct Event {
     rv: u64,
@@ -235,6 +248,7 @@ struct State {
     rbac: Rbac,
     latency: Duration,
     faults: Vec<Fault>,
+    watch_fault: WatchFault,
     requests: Vec<RequestRecord>,
     bookmark_interval: Duration,
 }
@@ -278,6 +292,7 @@ impl TestApi {
                 rbac: Rbac::from_yaml(rbac_yaml, namespace),
                 latency: Duration::ZERO,
                 faults: Vec::new(),
+                watch_fault: WatchFault::None,
                 requests: Vec::new(),
                 bookmark_interval: Duration::from_secs(1),
             }),
@@ -353,8 +368,15 @@ impl TestApi {
         self.state().faults.push(fault);
     }
 
+    /// Make every watch from now on answer as `fault` says (`WatchFault::None` heals).
+    pub fn set_watch_fault(&self, fault: WatchFault) {
+        self.state().watch_fault = fault;
+    }
+
     pub fn clear_faults(&self) {
-        self.state().faults.clear();
+        let mut s = self.state();
+        s.faults.clear();
+        s.watch_fault = WatchFault::None;
     }
 
     pub fn requests(&self) -> Vec<RequestRecord> {
@@ -819,6 +841,15 @@ fn watch_response(
         // Initial state: synthetic ADDED events when no resourceVersion was given.
         let mut cursor = {
             let s = shared.state.lock().unwrap();
+            match s.watch_fault {
+                WatchFault::None => {}
+                WatchFault::Gone => {
+                    let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410, "message": "too old resource version (injected)"}});
+                    let _ = tx.try_send(line(gone));
+                    return;
+                }
+                WatchFault::CloseAtOnce => return,
+            }
             match since {
                 Some(rv) if rv < s.compacted => {
                     let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410, "message": format!("too old resource version: {rv} ({})", s.compacted)}});

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub use apiserver::{Fault, Res, TestApi};
+pub use apiserver::{Fault, Res, TestApi, WatchFault};
 use serde_json::Value;
 
 pub const TOKEN: &str = "drafs-sa-token";
@@ -413,6 +413,11 @@ pub fn detach(dir: &Path) {
 /// A node-local slice of 8 devices (g0..g7) with 30 string attributes each
 /// (`attr0`.. = `value-<device>-<attr>-<generation>`); for benchmarks.
 pub fn eight_device_slice(api: &TestApi, generation: usize) {
+    api.apply(eight_device_slice_object(generation));
+}
+
+/// The object [`eight_device_slice`] applies (built ahead of a timed burst).
+pub fn eight_device_slice_object(generation: usize) -> Value {
     let devices: Vec<(String, Value)> = (0..8)
         .map(|i| {
             let attrs: serde_json::Map<String, Value> = (0..30)
@@ -422,7 +427,7 @@ pub fn eight_device_slice(api: &TestApi, generation: usize) {
         })
         .collect();
     let refs: Vec<(&str, Value)> = devices.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
-    api.apply(slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &refs));
+    slice("n1", "gpu.example.com", "n1", 1, Some("n1"), &refs)
 }
 
 /// Pod `ml/p` on node n1 with claim `gpu` allocated all 8 devices of [`eight_device_slice`].
