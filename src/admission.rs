@@ -493,7 +493,7 @@ fn prune_object<'a>(
     raw: &'a RawValue,
     fields: &[(&str, Keep)],
     budget: &mut Budget,
-) -> Result<(Value, Vec<(String, &'a RawValue)>), Stop> {
+) -> Result<(Value, Members<'a>), Stop> {
     budget.charge(OBJECT + ENTRY + STRING + PRUNED.len())?;
     let mut map = Map::new();
     let mut kept = Vec::new();
@@ -508,6 +508,10 @@ fn prune_object<'a>(
     map.insert(PRUNED.into(), Value::Bool(true));
     Ok((Value::Object(map), kept))
 }
+
+/// Members of a raw JSON object, and elements of a raw array with their index.
+type Members<'a> = Vec<(String, &'a RawValue)>;
+type Elements<'a> = Vec<(usize, &'a RawValue)>;
 
 /// Call `f` with each member of the raw JSON object `raw`, in order; nothing
 /// is built but each (short-lived) key.
@@ -567,7 +571,7 @@ fn for_each_element<'a>(raw: &'a RawValue, f: impl FnMut(usize, &'a RawValue) ->
 
 /// The members of the raw object `raw` whose keys `wanted` picks, and how
 /// many members it has (only the picked ones are kept).
-fn members<'a>(raw: &'a RawValue, wanted: impl Fn(&str) -> bool) -> Result<(Vec<(String, &'a RawValue)>, usize), Stop> {
+fn members(raw: &RawValue, wanted: impl Fn(&str) -> bool) -> Result<(Members<'_>, usize), Stop> {
     let (mut found, mut count) = (Vec::new(), 0);
     for_each_member(raw, |key, value| {
         count += 1;
@@ -581,10 +585,7 @@ fn members<'a>(raw: &'a RawValue, wanted: impl Fn(&str) -> bool) -> Result<(Vec<
 
 /// The elements of the raw array `raw` whose indices `wanted` picks, and
 /// its length.
-fn elements<'a>(
-    raw: &'a RawValue,
-    wanted: impl Fn(usize) -> bool,
-) -> Result<(Vec<(usize, &'a RawValue)>, usize), Stop> {
+fn elements(raw: &RawValue, wanted: impl Fn(usize) -> bool) -> Result<(Elements<'_>, usize), Stop> {
     let (mut found, mut count) = (Vec::new(), 0);
     for_each_element(raw, |index, element| {
         count += 1;
