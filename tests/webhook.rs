@@ -5,9 +5,12 @@ mod support;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::{Value, json};
-use support::webhook::{WebhookProcess, create_review, request};
-use support::{drafs_bin, free_port, http_get, tls, wait_output, wait_until};
+use support::webhook::{
+    WebhookProcess, connect, create_review, patched, pod_review, post, request, request_async, tls_config, zeros_review,
+};
+use support::{drafs_bin, free_port, http_get, tls, wait_for, wait_output, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -50,9 +53,11 @@ fn reviews_over_tls_and_bad_requests_never_stop_the_server() {
         let (status, body) = request(hook.addr, &ca, "POST", "/mutate", bad).unwrap();
         assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     }
-    let huge = vec![b' '; webhook_max_body() + 1];
-    let (status, _) = request(hook.addr, &ca, "POST", "/mutate", &huge).unwrap();
-    assert_eq!(status, 413);
+    // Too large: refused as soon as the head says so, without reading the body.
+    let head = format!("POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n", webhook_max_body() + 1);
+    let answer = raw_tls(hook.addr, &ca, head.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains(&format!("AdmissionReview larger than {} bytes", webhook_max_body())), "{answer}");
     // Not TLS at all: the handshake fails, the server goes on.
     let mut plain = std::net::TcpStream::connect(hook.addr).unwrap();
     std::io::Write::write_all(&mut plain, b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}").unwrap();
@@ -66,6 +71,21 @@ fn reviews_over_tls_and_bad_requests_never_stop_the_server() {
     assert_eq!(request(hook.addr, &ca, "GET", "/", b"").unwrap().0, 404);
     let (status, _) = request(hook.addr, &ca, "POST", "/mutate", &review(json!({"drafs.dev/inject": "init"}))).unwrap();
     assert_eq!(status, 200, "still serving: {}", hook.log_text());
+}
+
+/// Send `bytes` over TLS as they are; what comes back until the server closes.
+fn raw_tls(addr: std::net::SocketAddr, ca: &std::path::Path, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+        let mut tls = tokio_rustls::TlsConnector::from(tls_config(ca)).connect(name, tcp).await.unwrap();
+        tls.write_all(bytes).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(LIMIT, tls.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    })
 }
 
 fn webhook_max_body() -> usize {
@@ -160,18 +180,181 @@ fn bad_certificates_and_addresses_fail_at_start_with_exit_2() {
 }
 
 #[test]
-fn sigterm_finishes_and_exits_0() {
-    let mut hook = WebhookProcess::start(&[]);
-    assert_eq!(request(hook.addr, &hook.ca(), "GET", "/readyz", b"").unwrap().0, 200);
+fn sigterm_drains_answering_with_readyz_503_then_exits_0() {
+    let mut hook = WebhookProcess::start(&["--drain", "5s"]);
+    let ca = hook.ca();
+    assert_eq!(request(hook.addr, &ca, "GET", "/readyz", b"").unwrap().0, 200);
     unsafe { libc::kill(hook.child.id() as i32, libc::SIGTERM) };
-    let started = std::time::Instant::now();
+    let signalled = std::time::Instant::now();
+    // The port stays open: /readyz says why it is not ready, reviews are answered.
+    let draining = wait_for(Duration::from_secs(10), || {
+        request(hook.addr, &ca, "GET", "/readyz", b"")
+            .is_ok_and(|(status, body)| status == 503 && String::from_utf8_lossy(&body).contains("shutting down"))
+    });
+    assert!(
+        draining,
+        "no 503 from /readyz after SIGTERM: {:?}\n{}",
+        request(hook.addr, &ca, "GET", "/readyz", b""),
+        hook.log_text()
+    );
+    let (status, body) =
+        request(hook.addr, &ca, "POST", "/mutate", &review(json!({"drafs.dev/inject": "init"}))).unwrap();
+    assert_eq!(status, 200);
+    assert!(patched(&body));
+    assert!(hook.child.try_wait().unwrap().is_none(), "exited during the drain");
+    // Then the port closes and the process exits 0, no sooner than the drain.
     let status = loop {
         if let Some(status) = hook.child.try_wait().unwrap() {
             break status;
         }
-        assert!(started.elapsed() < LIMIT, "webhook did not stop on SIGTERM");
+        assert!(signalled.elapsed() < LIMIT, "webhook did not stop after its drain");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status}: {}", hook.log_text());
+    assert!(signalled.elapsed() >= Duration::from_secs(5), "stopped {:?} after SIGTERM", signalled.elapsed());
+    assert!(request(hook.addr, &ca, "GET", "/healthz", b"").is_err(), "the port is closed");
     wait_until("the log says why it stopped", LIMIT, || hook.log_text().contains("SIGTERM"));
+}
+
+#[test]
+fn idle_connections_never_lock_a_client_out() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let hook = WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
+    let config = tls_config(&hook.ca());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // More idle connections than the webhook serves at once: some with
+        // their TLS handshake done, most without; none sends a request.
+        let mut idle_tls = Vec::new();
+        for _ in 0..16 {
+            idle_tls.push(connect(hook.addr, config.clone()).await.unwrap());
+        }
+        let mut idle = Vec::new();
+        for _ in 0..drafs::webhook::MAX_CONNECTIONS + 16 {
+            idle.push(tokio::net::TcpStream::connect(hook.addr).await.unwrap());
+        }
+        // A new client still gets its handshake and its answer, while they
+        // are all still open (the API server waits 5 s, a probe 1 s).
+        let answer = tokio::time::timeout(
+            Duration::from_secs(3),
+            request_async(hook.addr, config.clone(), "GET", "/healthz", vec![]),
+        )
+        .await;
+        assert!(matches!(answer, Ok(Ok((200, _)))), "{answer:?}");
+        drop((idle, idle_tls));
+    });
+    let metrics = metrics_text(&metrics_addr);
+    let evicted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("drafs_webhook_connections_evicted_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(evicted > 0, "{metrics}");
+}
+
+#[test]
+fn a_small_review_is_answered_while_a_large_one_is_decided() {
+    let hook = WebhookProcess::start(&[]);
+    let config = tls_config(&hook.ca());
+    let large = Bytes::from(pod_review(3000));
+    let small = Bytes::from(review(json!({"drafs.dev/inject": "init"})));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut small_sender = connect(hook.addr, config.clone()).await.unwrap();
+        let mut large_sender = connect(hook.addr, config.clone()).await.unwrap();
+        let large_task = tokio::spawn(async move { post(&mut large_sender, large).await });
+        let deciding = "large review: deciding it on a blocking thread";
+        let log = hook.log.clone();
+        let seen = tokio::task::spawn_blocking(move || {
+            wait_for(LIMIT, || log.lock().unwrap().iter().any(|l| l.contains(deciding)))
+        });
+        assert!(seen.await.unwrap(), "the large review was never decided: {}", hook.log_text());
+        // The large review is being decided: a small one is answered before it.
+        let (status, answer, _) = post(&mut small_sender, small).await.unwrap();
+        assert!(status == 200 && patched(&answer), "{status}");
+        assert!(!large_task.is_finished(), "the large review was answered first");
+        let (status, answer, _) = large_task.await.unwrap().unwrap();
+        assert!(status == 200 && patched(&answer), "{status}: {}", String::from_utf8_lossy(&answer));
+    });
+}
+
+#[test]
+fn a_pod_too_large_to_read_is_denied_and_a_crafted_8_mib_body_is_answered() {
+    let hook = WebhookProcess::start(&[]);
+    let ca = hook.ca();
+    let mut labels = json!({"drafs.dev/inject": "init"});
+    for i in 0..200_000 {
+        labels[format!("l{i}")] = json!("");
+    }
+    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &review(labels)).unwrap();
+    assert_eq!(status, 200);
+    let answer = json_body(&body);
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("too large for the drafs webhook"), "{message}");
+    // Four million zeros where drafs never looks, as many as 8 MiB holds.
+    let crafted = zeros_review(((drafs::webhook::MAX_BODY) - zeros_review(1).len()) / 2 + 1);
+    assert!(crafted.len() <= drafs::webhook::MAX_BODY);
+    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &crafted).unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body[..body.len().min(200)]));
+    assert!(patched(&body));
+    assert!(body.len() < 16 << 10, "the answer repeats the pod: {} bytes", body.len());
+}
+
+#[test]
+fn a_renewed_certificate_that_is_expired_or_not_yet_valid_is_refused() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let hook = WebhookProcess::start(&["--metrics-addr", &metrics_addr]);
+    let dir = hook.dir.path();
+    tls::ca(dir, "ca2").unwrap();
+    let san = "IP:127.0.0.1,DNS:localhost";
+    tls::serving_dated(dir, "ca2", "expired", san, 3, Some(("20200101000000Z", "20200201000000Z"))).unwrap();
+    hook.rotate("..v2", &dir.join("expired.crt"), &dir.join("expired.key"));
+    wait_until("the expired certificate is refused", LIMIT, || {
+        hook.log_text().contains("certificate 1 expired at 2020-02-01T00:00:00Z")
+    });
+    tls::serving_dated(dir, "ca2", "future", san, 4, Some(("20991231000000Z", "21000101000000Z"))).unwrap();
+    hook.rotate("..v3", &dir.join("future.crt"), &dir.join("future.key"));
+    wait_until("the not yet valid certificate is refused", LIMIT, || {
+        hook.log_text().contains("certificate 1 is not valid before 2099-12-31T00:00:00Z")
+    });
+    // The first certificate is still served; the refusals are warnings, counted.
+    assert_eq!(request(hook.addr, &hook.ca(), "GET", "/healthz", b"").unwrap().0, 200);
+    assert!(!hook.log_text().contains("certificate reloaded"), "{}", hook.log_text());
+    let warnings = hook
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("WARN") && l.contains("keeping the previous one"))
+        .count();
+    assert_eq!(warnings, 2, "{}", hook.log_text());
+    let metrics = metrics_text(&metrics_addr);
+    assert!(metrics.contains("drafs_webhook_cert_errors_total 2\n"), "{metrics}");
+    assert!(metrics.contains("drafs_webhook_cert_reloads_total 0\n"), "{metrics}");
+}
+
+#[test]
+fn a_certificate_for_other_names_is_refused_at_start_and_when_renewed() {
+    let hook = WebhookProcess::start(&["--dns-name", "localhost", "--dns-name", "127.0.0.1"]);
+    let dir = hook.dir.path();
+    tls::ca(dir, "ca2").unwrap();
+    tls::serving(dir, "ca2", "other", "DNS:drafs-webhook.other.svc", 3).unwrap();
+    hook.rotate("..v2", &dir.join("other.crt"), &dir.join("other.key"));
+    wait_until("the certificate for other names is refused", LIMIT, || {
+        hook.log_text().contains("not valid for localhost (--dns-name); its DNS names: drafs-webhook.other.svc")
+    });
+    assert_eq!(request(hook.addr, &hook.ca(), "GET", "/healthz", b"").unwrap().0, 200, "the first one is served");
+    // At start: exit 2, saying why.
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let child = std::process::Command::new(drafs_bin())
+        .args(["webhook", "--addr", "127.0.0.1:0", "--image", "drafs:test", "--dns-name", "localhost"])
+        .args(["--tls-cert", &p("other.crt"), "--tls-key", &p("other.key")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not valid for localhost"), "{err}");
 }
