@@ -358,3 +358,46 @@ fn a_certificate_for_other_names_is_refused_at_start_and_when_renewed() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("not valid for localhost"), "{err}");
 }
+
+/// The shipped manifests agree with the webhook: the name it checks its
+/// certificate against is the Service's and the certificate's, the grace
+/// period covers the drain and the last reviews, and the optional network
+/// policy selects its pods and opens their ports.
+#[test]
+fn the_shipped_manifests_fit_the_drain_the_names_and_the_ports() {
+    use support::{read, yaml_docs};
+    let deployment = yaml_docs(&read("deploy/webhook/core/deployment.yaml")).remove(0);
+    let service = yaml_docs(&read("deploy/webhook/core/service.yaml")).remove(0);
+    let pod = &deployment["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let arg = |flag: &str| {
+        container["args"].as_array().unwrap().iter().filter_map(Value::as_str).find_map(|a| a.strip_prefix(flag))
+    };
+    let host = format!(
+        "{}.{}.svc",
+        service["metadata"]["name"].as_str().unwrap(),
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    assert_eq!(arg("--dns-name="), Some(host.as_str()));
+    let certificate =
+        yaml_docs(&read("deploy/webhook/certificate.yaml")).into_iter().find(|d| d["kind"] == "Certificate").unwrap();
+    assert!(certificate["spec"]["dnsNames"].as_array().unwrap().contains(&json!(host)));
+    assert!(read("deploy/webhook/manual/certs.sh").contains(&format!("service={host}\n")));
+    let drain = drafs::cli::parse_duration(arg("--drain=").unwrap()).unwrap();
+    let grace = Duration::from_secs(pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap());
+    assert!(drain + drafs::webhook::FINISH < grace, "{drain:?} + {:?} >= {grace:?}", drafs::webhook::FINISH);
+
+    let policy = yaml_docs(&read("deploy/webhook/networkpolicy.yaml")).remove(0);
+    assert_eq!(policy["metadata"]["namespace"], deployment["metadata"]["namespace"]);
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], pod["metadata"]["labels"]);
+    let open: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["ports"].as_array().unwrap())
+        .map(|p| &p["port"])
+        .collect();
+    for port in container["ports"].as_array().unwrap() {
+        assert!(open.contains(&&port["containerPort"]), "port {port} not opened: {policy}");
+    }
+}
