@@ -9,8 +9,8 @@
 //! With `failurePolicy: Fail`, a webhook that does not answer stops labelled
 //! pods from being created, so nothing a client does may lock others out:
 //! idle connections make room for new ones ([`Slots`]), a large review is
-//! read and decided one at a time on a blocking thread (small ones are
-//! answered meanwhile), and on SIGTERM the port stays open for the drain.
+//! read and decided one at a time on a thread of lower priority (small ones
+//! are answered meanwhile), and on SIGTERM the port stays open for the drain.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -42,8 +42,8 @@ use crate::metrics::Exposition;
 /// double in size), so the bound is looser; memory is bounded by what is
 /// built from the review ([`admission::MAX_TREE`]), not by this.
 pub const MAX_BODY: usize = 8 << 20;
-/// Reviews larger than this are read and decided one at a time, on a
-/// blocking thread; smaller ones (a pod of 40 containers is 38 KB) on the
+/// Reviews larger than this are read and decided one at a time, on their
+/// own thread; smaller ones (a pod of 40 containers is 38 KB) on the
 /// connection's task.
 pub const SMALL_BODY: usize = 64 << 10;
 /// Connections served at once; a new one beyond closes the one that has
@@ -111,6 +111,8 @@ pub enum WebhookError {
     MetricsBind(SocketAddr, std::io::Error),
     #[error("TLS setup: {0}")]
     Tls(rustls::Error),
+    #[error("cannot start the large-review thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// The certificate and key files, and the names the certificate must cover.
@@ -430,6 +432,27 @@ impl Slots {
     }
 }
 
+/// A large review to decide, with what to do with the answer.
+type LargeJob = Box<dyn FnOnce() + Send>;
+
+/// The thread large reviews are decided on, one at a time (they hold the
+/// large-review permit), at nice 10: when the CPUs are busy, the thread that
+/// accepts connections and answers small reviews goes first.
+fn large_review_thread() -> std::io::Result<std::sync::mpsc::Sender<LargeJob>> {
+    let (jobs, queue) = std::sync::mpsc::channel::<LargeJob>();
+    std::thread::Builder::new().name("drafs-large-reviews".into()).spawn(move || {
+        // Linux: the nice value is per thread; lowering it needs no privilege.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 10) } != 0 {
+            debug!("cannot lower the large-review thread's priority: {}", std::io::Error::last_os_error());
+        }
+        for job in queue {
+            job();
+        }
+    })?;
+    Ok(jobs)
+}
+
 /// What every connection shares.
 struct State {
     image: String,
@@ -439,6 +462,7 @@ struct State {
     freed: Notify,
     /// One large review at a time (see [`SMALL_BODY`]).
     large: Arc<Semaphore>,
+    large_jobs: std::sync::mpsc::Sender<LargeJob>,
 }
 
 impl State {
@@ -543,8 +567,9 @@ fn answer(body: &[u8], image: &str) -> (StatusCode, &'static str, Bytes, &'stati
     }
 }
 
-/// Read the review (bounded), decide, answer. A large review is decided on a
-/// blocking thread, holding the large-review permit until its memory is freed.
+/// Read the review (bounded), decide, answer. A large review is decided on
+/// the large-review thread, holding the large-review permit until its memory
+/// is freed.
 async fn mutate(state: &State, id: u64, req: Request<Incoming>) -> (Response<Full<Bytes>>, &'static str) {
     let (body, permit) = match tokio::time::timeout(REVIEW_TIMEOUT, read_body(state, req)).await {
         Ok(Ok(read)) => read,
@@ -555,16 +580,20 @@ async fn mutate(state: &State, id: u64, req: Request<Incoming>) -> (Response<Ful
     let (code, content_type, bytes, verdict) = match permit {
         None => answer(&body, &state.image),
         Some(permit) => {
-            info!(bytes = body.len(), "large review: deciding it on a blocking thread");
+            info!(bytes = body.len(), "large review: deciding it on the large-review thread");
             let image = state.image.clone();
-            let decided = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                answer(&body, &image)
+            let (done, decided) = tokio::sync::oneshot::channel();
+            let job: LargeJob = Box::new(move || {
+                let _ = done.send(answer(&body, &image));
+                // The permit goes when the review's memory has been freed.
+                drop(body);
+                drop(permit);
             });
+            let sent = state.large_jobs.send(job).is_ok();
             match decided.await {
-                Ok(decided) => decided,
-                Err(e) => {
-                    warn!("deciding a review failed: {e}");
+                Ok(decided) if sent => decided,
+                _ => {
+                    warn!("the large-review thread is gone");
                     (StatusCode::INTERNAL_SERVER_ERROR, "text/plain", Bytes::from("internal error\n"), "bad_request")
                 }
             }
@@ -702,6 +731,7 @@ impl Webhook {
             slots: Mutex::new(Slots::default()),
             freed: Notify::new(),
             large: Arc::new(Semaphore::new(1)),
+            large_jobs: large_review_thread().map_err(WebhookError::Thread)?,
         };
         Ok(Webhook {
             listener,

@@ -263,7 +263,7 @@ fn a_small_review_is_answered_while_a_large_one_is_decided() {
         let mut small_sender = connect(hook.addr, config.clone()).await.unwrap();
         let mut large_sender = connect(hook.addr, config.clone()).await.unwrap();
         let large_task = tokio::spawn(async move { post(&mut large_sender, large).await });
-        let deciding = "large review: deciding it on a blocking thread";
+        let deciding = "large review: deciding it on the large-review thread";
         let log = hook.log.clone();
         let seen = tokio::task::spawn_blocking(move || {
             wait_for(LIMIT, || log.lock().unwrap().iter().any(|l| l.contains(deciding)))
@@ -276,6 +276,17 @@ fn a_small_review_is_answered_while_a_large_one_is_decided() {
         let (status, answer, _) = large_task.await.unwrap().unwrap();
         assert!(status == 200 && patched(&answer), "{status}: {}", String::from_utf8_lossy(&answer));
     });
+    // Large reviews are decided at a lower CPU priority than the rest.
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", hook.child.id())).unwrap();
+    let nice: Vec<(String, i64)> = tasks
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            Some((name.to_string(), rest.split(' ').nth(16)?.parse().ok()?))
+        })
+        .collect();
+    assert!(nice.iter().any(|(name, n)| name.starts_with("drafs-large") && *n == 10), "{nice:?}");
+    assert!(nice.iter().any(|(name, n)| name == "drafs" && *n == 0), "{nice:?}");
 }
 
 #[test]
