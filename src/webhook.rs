@@ -769,6 +769,11 @@ impl Webhook {
                     }
                 },
             };
+            // Answers are small and written at once: do not let Nagle hold
+            // their last segment for the client's delayed ACK (40 ms).
+            if let Err(e) = tcp.set_nodelay(true) {
+                debug!(%peer, "TCP_NODELAY: {e}");
+            }
             // Room for it: at the limit, the connection that has waited on
             // its client longest is closed; if every one is busy deciding a
             // review, wait for one to end.
