@@ -151,9 +151,12 @@ fn bad_certificates_and_addresses_fail_at_start_with_exit_2() {
     tls::ca(dir.path(), "ca").unwrap();
     tls::serving(dir.path(), "ca", "a", "IP:127.0.0.1", 2).unwrap();
     tls::serving(dir.path(), "ca", "b", "IP:127.0.0.1", 3).unwrap();
+    tls::serving_dated(dir.path(), "ca", "old", "IP:127.0.0.1", 4, Some(("20200101000000Z", "20200201000000Z")))
+        .unwrap();
     let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
     let cases = [
         (p("a.crt"), p("b.key"), "do not belong together"),
+        (p("old.crt"), p("old.key"), "certificate 1 expired at 2020-02-01T00:00:00Z"),
         (p("missing.crt"), p("a.key"), "cannot read"),
         (p("a.key"), p("a.key"), "no PEM certificate"),
         (p("a.crt"), p("a.crt"), "no PEM private key"),
@@ -177,6 +180,17 @@ fn bad_certificates_and_addresses_fail_at_start_with_exit_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    for (flag, value, expected) in [("--dns-name", "not a name!", "is not a DNS name"), ("--drain", "soon", "--drain")]
+    {
+        let out = std::process::Command::new(drafs_bin())
+            .args(["webhook", "--addr", "127.0.0.1:0", "--image", "drafs:test", flag, value])
+            .args(["--tls-cert", &p("a.crt"), "--tls-key", &p("a.key")])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
 }
 
 #[test]
