@@ -859,6 +859,8 @@ pub async fn webhook(
         key: args.tls_key.clone(),
         image: args.image.clone(),
         metrics_addr: args.metrics_addr,
+        drain: args.drain,
+        dns_names: args.dns_names.clone(),
     };
     let server = crate::webhook::Webhook::bind(&config).await.map_err(|e| Failure::Usage(e.to_string()))?;
     server.serve(shutdown).await;

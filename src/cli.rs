@@ -89,6 +89,14 @@ pub struct WebhookArgs {
     /// Serve /metrics, /healthz and /readyz over plain HTTP on this address; off by default.
     #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// After SIGTERM, go on answering for this long (/readyz answers 503), then close the port
+    /// (keep it under the pod's terminationGracePeriodSeconds minus 10 s).
+    #[arg(long, env = "DRAFS_WEBHOOK_DRAIN", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub drain: std::time::Duration,
+    /// A name the serving certificate must be valid for, e.g. the Service's
+    /// drafs-webhook.drafs-system.svc (repeatable); a certificate that is not is refused.
+    #[arg(long = "dns-name", env = "DRAFS_WEBHOOK_DNS_NAMES", value_name = "NAME", value_delimiter = ',')]
+    pub dns_names: Vec<String>,
 }
 
 #[derive(Debug, Args)]

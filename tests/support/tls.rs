@@ -30,6 +30,20 @@ pub fn ca(dir: &Path, name: &str) -> Result<(), String> {
 /// A serving certificate signed by the CA `ca`: `DIR/NAME.crt` and `DIR/NAME.key`,
 /// for the subject alternative names `san` (e.g. `IP:127.0.0.1,DNS:localhost`).
 pub fn serving(dir: &Path, ca: &str, name: &str, san: &str, serial: u32) -> Result<(), String> {
+    serving_dated(dir, ca, name, san, serial, None)
+}
+
+/// [`serving`], valid from `not_before` to `not_after` (`YYYYMMDDHHMMSSZ`)
+/// instead of for two days from now (`openssl ca`: `openssl x509` 3.0 cannot
+/// set the dates).
+pub fn serving_dated(
+    dir: &Path,
+    ca: &str,
+    name: &str,
+    san: &str,
+    serial: u32,
+    dates: Option<(&str, &str)>,
+) -> Result<(), String> {
     let (key, csr, ext, crt) = (
         s(dir, &format!("{name}.key")),
         s(dir, &format!("{name}.csr")),
@@ -46,8 +60,29 @@ pub fn serving(dir: &Path, ca: &str, name: &str, san: &str, serial: u32) -> Resu
         ),
     )
     .map_err(|e| e.to_string())?;
+    let Some((not_before, not_after)) = dates else {
+        return run(Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-set_serial", &serial.to_string()])
+            .args(["-in", &csr, "-CA", &s(dir, &format!("{ca}.crt")), "-CAkey", &s(dir, &format!("{ca}.key"))])
+            .args(["-extfile", &ext, "-out", &crt]));
+    };
+    // `openssl ca` keeps a database of what it issued: a fresh one per certificate.
+    let db = dir.join(format!("{name}.ca"));
+    std::fs::create_dir_all(&db).map_err(|e| e.to_string())?;
+    std::fs::write(db.join("index.txt"), "").map_err(|e| e.to_string())?;
+    std::fs::write(db.join("serial"), format!("{serial:04X}\n")).map_err(|e| e.to_string())?;
+    let config = db.join("openssl.cnf");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndefault_ca = test\n[test]\ndir = {}\ndatabase = $dir/index.txt\nserial = $dir/serial\nnew_certs_dir = $dir\ndefault_md = sha256\npolicy = any\nunique_subject = no\n[any]\ncommonName = supplied\n",
+            db.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
     run(Command::new("openssl")
-        .args(["x509", "-req", "-days", "2", "-set_serial", &serial.to_string()])
-        .args(["-in", &csr, "-CA", &s(dir, &format!("{ca}.crt")), "-CAkey", &s(dir, &format!("{ca}.key"))])
-        .args(["-extfile", &ext, "-out", &crt]))
+        .args(["ca", "-batch", "-notext", "-config", &s(&db, "openssl.cnf")])
+        .args(["-startdate", not_before, "-enddate", not_after])
+        .args(["-cert", &s(dir, &format!("{ca}.crt")), "-keyfile", &s(dir, &format!("{ca}.key"))])
+        .args(["-in", &csr, "-extfile", &ext, "-out", &crt]))
 }

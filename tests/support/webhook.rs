@@ -106,6 +106,58 @@ pub fn create_review(pod: serde_json::Value) -> Vec<u8> {
     .unwrap()
 }
 
+/// A labelled pod's review, `containers` containers of about 1 KB each (ten
+/// env vars, two mounts) and two volumes per container: 40 make about 38 KB,
+/// 1,500 about 1.4 MB, 3,100 about 3 MB (the API server's request limit).
+pub fn pod_review(containers: usize) -> Vec<u8> {
+    use serde_json::{Value, json};
+    let list: Vec<Value> = (0..containers)
+        .map(|i| {
+            json!({"name": format!("c{i}"), "image": "registry.example/app:1",
+                   "resources": {"claims": [{"name": "gpu"}]},
+                   "env": (0..10).map(|e| json!({"name": format!("VAR_{e}"), "value": "x".repeat(40)})).collect::<Vec<_>>(),
+                   "volumeMounts": [{"name": format!("data-{i}"), "mountPath": format!("/data/{i}")},
+                                    {"name": format!("cfg-{i}"), "mountPath": format!("/etc/cfg/{i}")}]})
+        })
+        .collect();
+    let volumes: Vec<Value> = (0..containers)
+        .flat_map(|i| {
+            [
+                json!({"name": format!("data-{i}"), "emptyDir": {}}),
+                json!({"name": format!("cfg-{i}"), "configMap": {"name": format!("cfg-{i}")}}),
+            ]
+        })
+        .collect();
+    create_review(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "labels": {"drafs.dev/inject": "sidecar-files"},
+                     "annotations": {"drafs.dev/metadata-dir": "/var/run/kubernetes.io/dra-device-attributes"}},
+        "spec": {"serviceAccountName": "default",
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+                 "containers": list, "volumes": volumes}}))
+}
+
+/// A labelled pod's review whose spec carries `zeros` supplemental groups,
+/// all 0: two bytes of JSON per value, the densest a pod spec allows (4.19
+/// million make an 8 MiB body).
+pub fn zeros_review(zeros: usize) -> Vec<u8> {
+    let marker = "\"supplementalGroups\":[0]";
+    let body = create_review(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "crafted-", "labels": {"drafs.dev/inject": "init"}},
+        "spec": {"securityContext": {"supplementalGroups": [0]},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+                 "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}]}}));
+    let text = String::from_utf8(body).expect("JSON is UTF-8");
+    let at = text.find(marker).expect("the marker is in the review") + marker.len() - 2;
+    let mut out = String::with_capacity(text.len() + 2 * zeros);
+    out.push_str(&text[..at]);
+    out.push('0');
+    for _ in 1..zeros {
+        out.push_str(",0");
+    }
+    out.push_str(&text[at + 1..]);
+    out.into_bytes()
+}
+
 /// A client trusting only `ca`.
 pub fn tls_config(ca: &Path) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
@@ -148,6 +200,41 @@ pub async fn request_async(
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes().to_vec();
     Ok((status, body))
+}
+
+/// A kept-alive HTTPS connection to the webhook, as the API server keeps them.
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+pub async fn connect(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Result<Sender, String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One review on `sender`: (status, answer, time from request sent to answer read).
+pub async fn post(sender: &mut Sender, body: Bytes) -> Result<(u16, Bytes, Duration), String> {
+    let req = hyper::Request::post("/mutate")
+        .header("host", "webhook")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap();
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let answer = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, answer, started.elapsed()))
+}
+
+/// Whether an answer carries a patch.
+pub fn patched(answer: &[u8]) -> bool {
+    answer.windows(9).any(|w| w == b"JSONPatch")
 }
 
 /// [`request_async`] from synchronous test code.
