@@ -22,5 +22,6 @@ pub mod resolve;
 pub mod slices;
 pub mod source;
 pub mod store;
+pub mod supervisor;
 pub mod tree;
 pub mod webhook;

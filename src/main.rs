@@ -5,7 +5,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use drafs::app::{self, Failure};
-use drafs::cli::{Cli, Command, LogFormat, ManifestsCommand};
+use drafs::cli::{Backend, Cli, Command, LogFormat, ManifestsCommand};
 
 fn init_tracing(format: LogFormat, default_level: &str) {
     // DRAFS_LOG wins over RUST_LOG; both take tracing's env-filter syntax.
@@ -30,6 +30,21 @@ fn main() {
         _ => "info",
     };
     init_tracing(cli.global.log_format, default_level);
+
+    // A FUSE server runs under a supervisor that unmounts its tree if it is
+    // killed; forked here, while the process still has one thread.
+    if let Command::Serve(args) = &cli.command
+        && args.backend == Backend::Fuse
+    {
+        match drafs::supervisor::fork_server(&args.output.dir) {
+            Ok(drafs::supervisor::Role::Server) => {}
+            Ok(drafs::supervisor::Role::Done(code)) => std::process::exit(code),
+            Err(e) => {
+                eprintln!("drafs: cannot start the FUSE server: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
 
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -211,8 +211,10 @@ fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
     assert!(!is_mounted(&mnt), "unmounted");
     drop(held);
 
+    // Every process of it killed at once (the container's cgroup): nothing
+    // is left to unmount.
     let mut first = Serve::start_ready(&env, &mnt, &[], LIMIT);
-    first.signal(libc::SIGKILL);
+    first.kill_all();
     let _ = first.wait(LIMIT);
     assert!(is_mounted(&mnt), "a killed server leaves its mount behind");
     let err = std::fs::read_dir(&mnt).and_then(|mut d| d.next().transpose()).unwrap_err();
@@ -228,6 +230,30 @@ fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
         env.run(&["probe", "--dir", mnt.to_str().unwrap()], LIMIT).status.success()
     });
     assert_eq!(second.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
+}
+
+#[test]
+fn a_killed_fuse_server_leaves_no_stale_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let mut serve = Serve::start_ready(&env, &mnt, &[], LIMIT);
+    // A reader holds a file open, as an app does: the unmount must still happen.
+    let held = std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap();
+    // As the OOM killer or a crash does: only the process that serves the tree dies.
+    let server = serve.fuse_server_pid().expect("a process serves the FUSE tree");
+    // SAFETY: a plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "reported as a shell does: {}", stderr(&out));
+    assert!(!is_mounted(&mnt), "the killed server's tree was left mounted (stale): {}", stderr(&out));
+    assert!(stderr(&out).contains("killed by signal 9"), "{}", stderr(&out));
+    drop(held);
+    // The directory is usable again at once: a new server mounts there.
+    let again = Serve::start_ready(&env, &mnt, &[], LIMIT);
+    assert_eq!(again.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
 }
 
 #[test]

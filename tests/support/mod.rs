@@ -330,7 +330,15 @@ impl Serve {
     pub fn start(env: &Env, dir: &Path, extra: &[&str]) -> Serve {
         let mut args = vec!["serve", "--dir", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
-        Serve { child: Some(env.spawn(&args)), dir: dir.to_path_buf() }
+        // A process group of its own, so that a test can kill every process of
+        // it at once, as the kubelet kills a container's cgroup.
+        let child = std::os::unix::process::CommandExt::process_group(
+            env.command(&args).stdout(Stdio::piped()).stderr(Stdio::piped()),
+            0,
+        )
+        .spawn()
+        .unwrap();
+        Serve { child: Some(child), dir: dir.to_path_buf() }
     }
 
     /// [`Serve::start`], then wait until the tree is ready.
@@ -376,6 +384,31 @@ impl Serve {
         let pid = self.child.as_ref().unwrap().id() as i32;
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(pid, sig) };
+    }
+
+    /// SIGKILL every process of the serve at once (the supervisor and its
+    /// FUSE server), as when a container's cgroup is killed.
+    pub fn kill_all(&self) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: the process group Serve::start made for this serve.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+
+    /// The process that serves the FUSE tree: the one with /dev/fuse open,
+    /// the started process or one of its children.
+    pub fn fuse_server_pid(&self) -> Option<i32> {
+        let pid = self.child.as_ref().unwrap().id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        std::iter::once(pid.to_string())
+            .chain(children.split_whitespace().map(str::to_string))
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read_dir(format!("/proc/{p}/fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+            })
     }
 
     /// Wait for the process to exit by itself.
