@@ -117,7 +117,7 @@ fn each_mode_serves_the_allocated_device_in_a_real_pod() {
         assert_eq!(driver, GPU_DRIVER);
         let uuid = node.slice_attribute(&driver, &device, "uuid");
         let product = node.slice_attribute(&driver, &device, "productName");
-        let line = log_line(&node, ns, pod, "app", "uuid=");
+        let line = log_line(node, ns, pod, "app", "uuid=");
         assert_eq!(line, format!("uuid={uuid} product={product}"), "{mode}: the app read another device's values");
         // The file as the app sees it, exactly the value: no trailing newline.
         assert_eq!(node.exec(ns, pod, "app", &["cat", "/dra/gpu/gpu/0/uuid"]), uuid, "{mode}");
@@ -178,8 +178,8 @@ fn the_examples_run_unchanged_on_a_real_node() {
         node.kubectl_apply(&example(dir));
     }
     // The NIC driver reports interface names after prepare, as network drivers do.
-    let nics = claim_of(&node, "drafs-rdma", "allreduce-worker-3", "nics");
-    set_interface_names(&node, "drafs-rdma", &nics);
+    let nics = claim_of(node, "drafs-rdma", "allreduce-worker-3", "nics");
+    set_interface_names(node, "drafs-rdma", &nics);
 
     let gpu = |ns: &str, pod: &str, claim: &str, attribute: &str| {
         let running = node.wait_running(ns, pod);
@@ -188,36 +188,36 @@ fn the_examples_run_unchanged_on_a_real_node() {
     };
     let uuid = gpu("drafs-gpu-init", "trainer-0", "gpu", "uuid");
     let pci = gpu("drafs-gpu-init", "trainer-0", "gpu", "resource.kubernetes.io/pciBusID");
-    assert_eq!(log_line(&node, "drafs-gpu-init", "trainer-0", "trainer", "GPU "), format!("GPU {uuid} at {pci}"));
+    assert_eq!(log_line(node, "drafs-gpu-init", "trainer-0", "trainer", "GPU "), format!("GPU {uuid} at {pci}"));
 
     let uuid = gpu("drafs-gpu-sidecar", "trainer-0", "gpu", "uuid");
-    assert_eq!(log_line(&node, "drafs-gpu-sidecar", "trainer-0", "trainer", "GPU "), format!("GPU {uuid}"));
+    assert_eq!(log_line(node, "drafs-gpu-sidecar", "trainer-0", "trainer", "GPU "), format!("GPU {uuid}"));
 
     // The exec wrapper: the trainer's environment, set by `drafs exec`.
     let uuid = gpu("drafs-gpu-exec", "trainer-0", "gpu", "uuid");
     let pci = gpu("drafs-gpu-exec", "trainer-0", "gpu", "resource.kubernetes.io/pciBusID");
-    assert_eq!(log_line(&node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_UUID="), format!("GPU_UUID={uuid}"));
-    assert_eq!(log_line(&node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_UUIDS="), format!("GPU_UUIDS={uuid}"));
+    assert_eq!(log_line(node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_UUID="), format!("GPU_UUID={uuid}"));
+    assert_eq!(log_line(node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_UUIDS="), format!("GPU_UUIDS={uuid}"));
     assert_eq!(
-        log_line(&node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_PCI_BUS_ID="),
+        log_line(node, "drafs-gpu-exec", "trainer-0", "trainer", "GPU_PCI_BUS_ID="),
         format!("GPU_PCI_BUS_ID={pci}")
     );
 
     // KubeVirt's launcher reads the PCI address from the standard view with jq.
     let pci = gpu("drafs-vm", "virt-launcher-win11-abcde", "passthrough", "resource.kubernetes.io/pciBusID");
     assert_eq!(
-        log_line(&node, "drafs-vm", "virt-launcher-win11-abcde", "compute", "passing through"),
+        log_line(node, "drafs-vm", "virt-launcher-win11-abcde", "compute", "passing through"),
         format!("passing through PCI device {pci}")
     );
     assert_eq!(
-        log_line(&node, "drafs-vm", "virt-launcher-win11-abcde", "compute", "virt-launcher"),
+        log_line(node, "drafs-vm", "virt-launcher-win11-abcde", "compute", "virt-launcher"),
         format!("virt-launcher --hostdev {pci}")
     );
 
     // FUSE sidecar: the interface names the driver reported, through the mount's propagation.
     node.wait_running("drafs-rdma", "allreduce-worker-3");
     assert_eq!(
-        log_line(&node, "drafs-rdma", "allreduce-worker-3", "worker", "NCCL_SOCKET_IFNAME="),
+        log_line(node, "drafs-rdma", "allreduce-worker-3", "worker", "NCCL_SOCKET_IFNAME="),
         "NCCL_SOCKET_IFNAME=net1,net2"
     );
 }
@@ -235,7 +235,9 @@ fn standard_view(node: &Node, ns: &str, pod: &str) -> Vec<(String, String)> {
 
 /// The first document's attributes of every device in a standard-view file.
 fn metadata_attributes(content: &str) -> Vec<Value> {
-    let first: Value = serde_json::from_str(content.lines().next().unwrap_or("null")).unwrap_or(Value::Null);
+    // A stream of JSON documents (one per schema version), pretty or not.
+    let first = serde_json::Deserializer::from_str(content).into_iter::<Value>().next().and_then(Result::ok);
+    let first = first.unwrap_or(Value::Null);
     first["requests"]
         .as_array()
         .into_iter()
@@ -274,7 +276,7 @@ fn the_standard_view_coexists_with_metadata_a_driver_writes() {
     let running = node.wait_running(ns, "both");
     let (_, gpu_device) = node.allocated(ns, &running, "gpu");
 
-    let before = standard_view(&node, ns, "both");
+    let before = standard_view(node, ns, "both");
     let names: Vec<&str> = before.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(
         names,
@@ -302,7 +304,7 @@ fn the_standard_view_coexists_with_metadata_a_driver_writes() {
     node.set_devices(NIC_DRIVER, &nic);
     let mut after = Vec::new();
     let updated = wait_for(Duration::from_secs(60), || {
-        after = standard_view(&node, ns, "both");
+        after = standard_view(node, ns, "both");
         after.first().is_some_and(|(_, c)| c.contains("NVIDIA H200 (updated)"))
     });
     assert!(updated, "drafs's GPU file did not follow the update: {after:?}");
@@ -310,7 +312,7 @@ fn the_standard_view_coexists_with_metadata_a_driver_writes() {
     wait_until("the NIC's new firmware in the tree", Duration::from_secs(60), || {
         node.exec(ns, "both", "app", &["sh", "-c", "cat /dra/nic/nic/0/firmware 2>/dev/null || true"]) == "28.40.1000"
     });
-    let after = standard_view(&node, ns, "both");
+    let after = standard_view(node, ns, "both");
     assert_eq!(after.len(), 2, "{after:?}");
     assert_eq!(after[1], before[1], "the driver's file must stay exactly as the driver wrote it");
 }
@@ -431,7 +433,7 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
 
     // The webhook, as shipped: labelled pods created with kubectl get drafs and run.
     let certs = tempfile::tempdir().unwrap();
-    let (mut hook, metrics) = start_webhook(&node, certs.path());
+    let (mut hook, metrics) = start_webhook(node, certs.path());
     let first = labelled(&gpu_pod(ns, "hook-init", "one-gpu"), "init");
     // The API server picks up a new webhook configuration asynchronously.
     let picked_up = wait_for(Duration::from_secs(30), || {
@@ -454,7 +456,7 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
         let running = node.wait_running(ns, pod);
         let (driver, device) = node.allocated(ns, &running, "gpu");
         let uuid = node.slice_attribute(&driver, &device, "uuid");
-        assert!(log_line(&node, ns, pod, "app", "uuid=").starts_with(&format!("uuid={uuid} ")), "{pod}");
+        assert!(log_line(node, ns, pod, "app", "uuid=").starts_with(&format!("uuid={uuid} ")), "{pod}");
         // drafs ran as a non-root user, as the restricted level asks.
         let drafs = running["spec"]["initContainers"][0].clone();
         assert_eq!(drafs["name"], "drafs", "{pod}");
@@ -462,11 +464,11 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
     }
 
     // An unlabelled pod never reaches the webhook and gets no drafs.
-    let before = reviews(&node, &metrics);
+    let before = reviews(node, &metrics);
     node.kubectl_apply(&gpu_pod(ns, "unlabelled", "one-gpu"));
     let pod = node.get_json(&["pod", "-n", ns, "unlabelled"]).unwrap();
     assert!(pod["spec"]["initContainers"].is_null(), "{}", pod["spec"]);
-    assert_eq!(reviews(&node, &metrics), before, "the API server called the webhook for an unlabelled pod");
+    assert_eq!(reviews(node, &metrics), before, "the API server called the webhook for an unlabelled pod");
     let _ = hook.kill();
     let _ = hook.wait();
 }
@@ -474,17 +476,27 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
 /// The FUSE mounts in the node's mount namespace whose mount point is under a
 /// pod's directory.
 fn fuse_mounts_of(node: &Node, uid: &str) -> Vec<String> {
-    node.mountinfo()
-        .lines().filter(|l| l.contains(" - fuse") && l.contains(uid)).map(str::to_string).collect()
+    node.mountinfo().lines().filter(|l| l.contains(" - fuse") && l.contains(uid)).map(str::to_string).collect()
 }
 
-/// The host PID of a pod's `drafs serve` process.
-fn drafs_pid(uid: &str) -> Option<i32> {
+/// The host PID of the process that serves a pod's FUSE tree: the `drafs
+/// serve` process with /dev/fuse open (its supervisor has not).
+fn fuse_server_pid(uid: &str) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
-        if cmdline.starts_with(b"/drafs\0serve") && (cgroup.contains(uid) || cgroup.contains(&uid.replace('-', "_"))) {
+        let serves_fuse = || {
+            std::fs::read_dir(entry.path().join("fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == std::path::Path::new("/dev/fuse")))
+        };
+        if cmdline.starts_with(b"/drafs\0serve")
+            && (cgroup.contains(uid) || cgroup.contains(&uid.replace('-', "_")))
+            && serves_fuse()
+        {
             return Some(pid);
         }
     }
@@ -503,10 +515,10 @@ fn deleting_a_pod_with_a_fuse_sidecar_leaves_no_mount_even_after_a_hard_kill() {
     for pod in ["graceful", "killed"] {
         let running = node.wait_running(ns, pod);
         let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
-        assert_eq!(fuse_mounts_of(&node, &uid).len(), 1, "{pod}: drafs's mount under the pod's volume");
+        assert_eq!(fuse_mounts_of(node, &uid).len(), 1, "{pod}: drafs's mount under the pod's volume");
         if pod == "killed" {
-            // As the OOM killer does: SIGKILL, no chance to unmount.
-            let pid = drafs_pid(&uid).expect("drafs serve runs on the node");
+            // As a crash or the OOM killer does: SIGKILL, no chance to unmount.
+            let pid = fuse_server_pid(&uid).expect("drafs serve runs on the node");
             // SAFETY: a plain kill(2) of a process of the test's own node.
             assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
         }
@@ -522,9 +534,9 @@ fn deleting_a_pod_with_a_fuse_sidecar_leaves_no_mount_even_after_a_hard_kill() {
         // The grace period is 5 s; stuck is what the issue saw: more than 30 s.
         assert!(took < Duration::from_secs(30), "{pod}: stuck Terminating for {took:?}");
         assert!(
-            fuse_mounts_of(&node, &uid).is_empty(),
+            fuse_mounts_of(node, &uid).is_empty(),
             "{pod}: a drafs mount was left: {:?}",
-            fuse_mounts_of(&node, &uid)
+            fuse_mounts_of(node, &uid)
         );
     }
 }

@@ -24,8 +24,9 @@ use serde_json::{Value, json};
 
 const SCRATCH_PREFIX: &str = "drafs-node-";
 /// The drivers the node runs, named as in `examples/` so the examples apply
-/// unchanged: the GPU driver writes KEP-5304 device metadata, the NIC driver
-/// does not.
+/// unchanged: the NIC driver writes KEP-5304 device metadata (as network
+/// drivers do), the GPU driver does not (drafs writes the standard view that
+/// KubeVirt's launcher reads).
 pub const GPU_DRIVER: &str = "gpu.nvidia.com";
 pub const NIC_DRIVER: &str = "dra.net";
 pub const NODE_NAME: &str = "drafs-node";
@@ -227,7 +228,7 @@ impl Node {
         let work = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{id}"));
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-        std::fs::write(work.join("drivers"), format!("{GPU_DRIVER}:--enable-device-metadata\n{NIC_DRIVER}:\n"))
+        std::fs::write(work.join("drivers"), format!("{GPU_DRIVER}:\n{NIC_DRIVER}:--enable-device-metadata\n"))
             .map_err(|e| e.to_string())?;
         for driver in [GPU_DRIVER, NIC_DRIVER] {
             std::fs::write(work.join(format!("devices-{driver}.json")), devices(driver, "").to_string())
@@ -422,11 +423,13 @@ impl Node {
 
     /// The device the scheduler allocated to a pod's claim: (driver, device name).
     pub fn allocated(&self, ns: &str, pod: &Value, pod_claim: &str) -> (String, String) {
-        let statuses = pod["status"]["resourceClaimStatuses"].as_array().cloned().unwrap_or_default();
-        let claim = statuses
-            .iter()
-            .find(|s| s["name"] == pod_claim)
-            .and_then(|s| s["resourceClaimName"].as_str())
+        // A claim the pod names directly, or the one made from its template (in the status).
+        let named = pod["spec"]["resourceClaims"].as_array().into_iter().flatten().find(|c| c["name"] == pod_claim);
+        let made =
+            pod["status"]["resourceClaimStatuses"].as_array().into_iter().flatten().find(|s| s["name"] == pod_claim);
+        let claim = named
+            .and_then(|c| c["resourceClaimName"].as_str())
+            .or_else(|| made.and_then(|s| s["resourceClaimName"].as_str()))
             .unwrap_or_else(|| panic!("pod has no ResourceClaim for {pod_claim}: {}", pod["status"]))
             .to_string();
         let claim = self.get_json(&["resourceclaim", "-n", ns, &claim]).expect("the pod's claim exists");
