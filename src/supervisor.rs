@@ -9,14 +9,15 @@
 //! signals to the server, and when the server is gone it unmounts a stale
 //! drafs tree the server left, then exits with the server's status (128 + the
 //! signal's number when killed, as a shell reports it). The server stops
-//! (SIGTERM) if the supervisor dies first. When both die at once (the
-//! container's cgroup is killed), the next instance clears the stale mount
-//! before it mounts (`fuse::FuseMount::mount`).
+//! (SIGTERM) if the supervisor dies first. The supervisor survives an OOM
+//! kill of the whole container where it may (see `protect_from_oom_killer`).
+//! When both die at once anyway (the container's cgroup is killed), the next
+//! instance clears the stale mount before it mounts (`fuse::FuseMount::mount`).
 
 use std::io;
 use std::path::Path;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::fuse;
 
@@ -66,8 +67,23 @@ pub fn fork_server(dir: &Path) -> io::Result<Role> {
                 }
                 Ok(Role::Server)
             }
-            server => Ok(Role::Done(supervise(server, dir, &wanted))),
+            server => {
+                protect_from_oom_killer();
+                Ok(Role::Done(supervise(server, dir, &wanted)))
+            }
         }
+    }
+}
+
+/// Keep the supervisor alive when the kernel kills the container's processes
+/// for memory: with `memory.oom.group` (the kubelet's default on cgroup v2)
+/// an OOM kill takes every process of the container except those at -1000.
+/// The supervisor uses almost no memory. Lowering the score needs
+/// CAP_SYS_RESOURCE, which the privileged FUSE sidecar has; without it the
+/// supervisor still covers a kill of the server alone.
+fn protect_from_oom_killer() {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        debug!("cannot protect the supervisor from the OOM killer: {e}");
     }
 }
 

@@ -503,24 +503,50 @@ fn fuse_server_pid(uid: &str) -> Option<i32> {
     None
 }
 
+/// The drafs sidecar's restart count.
+fn drafs_restarts(pod: &Value) -> i64 {
+    pod["status"]["initContainerStatuses"][0]["restartCount"].as_i64().unwrap_or(0)
+}
+
 #[test]
 fn deleting_a_pod_with_a_fuse_sidecar_leaves_no_mount_even_after_a_hard_kill() {
     let Some(node) = node::shared() else { return };
     let ns = "fuse";
     node.namespace(ns, Some("privileged"));
     node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
-    for pod in ["graceful", "killed"] {
+    let pods = ["graceful", "killed", "restarted"];
+    for pod in pods {
         node.kubectl_apply(&inject(&gpu_pod(ns, pod, "one-gpu"), &["--mode", "sidecar-fuse"]));
     }
-    for pod in ["graceful", "killed"] {
+    for pod in pods {
         let running = node.wait_running(ns, pod);
         let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
         assert_eq!(fuse_mounts_of(node, &uid).len(), 1, "{pod}: drafs's mount under the pod's volume");
-        if pod == "killed" {
-            // As a crash or the OOM killer does: SIGKILL, no chance to unmount.
-            let pid = fuse_server_pid(&uid).expect("drafs serve runs on the node");
-            // SAFETY: a plain kill(2) of a process of the test's own node.
-            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        let server = fuse_server_pid(&uid).expect("drafs serve runs on the node");
+        match pod {
+            // As a crash does, or the OOM killer choosing the process with the
+            // most memory (cgroup v1, or v2 without memory.oom.group; with it,
+            // the supervisor is exempt: tests/serve.rs checks its score):
+            // SIGKILL, no chance to unmount.
+            "killed" | "restarted" => {
+                // SAFETY: a plain kill(2) of a process of the test's own node.
+                assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+            }
+            _ => {}
+        }
+        if pod == "restarted" {
+            // Not deleted: the kubelet restarts the sidecar and the app reads
+            // the device's values again.
+            let (driver, device) = node.allocated(ns, &running, "gpu");
+            let uuid = node.slice_attribute(&driver, &device, "uuid");
+            node.wait_pod(ns, pod, "with drafs restarted", Duration::from_secs(60), |p| drafs_restarts(p) >= 1);
+            let mut seen = String::new();
+            let again = wait_for(Duration::from_secs(60), || {
+                seen = node.exec(ns, pod, "app", &["sh", "-c", "cat /dra/gpu/gpu/0/uuid 2>&1"]);
+                seen == uuid
+            });
+            assert!(again, "{pod}: after the sidecar's restart the app reads {seen:?}");
+            assert_eq!(fuse_mounts_of(node, &uid).len(), 1, "{pod}: one mount, the new server's");
         }
         let started = std::time::Instant::now();
         node.kubectl_ok(&["delete", "pod", "-n", ns, pod, "--wait=false"]);
