@@ -460,7 +460,15 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
         // drafs ran as a non-root user, as the restricted level asks.
         let drafs = running["spec"]["initContainers"][0].clone();
         assert_eq!(drafs["name"], "drafs", "{pod}");
-        assert_eq!(drafs["securityContext"]["runAsNonRoot"], true, "{pod}: {drafs}");
+        let security = &drafs["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true, "{pod}: {drafs}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{pod}: {drafs}");
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{pod}: {drafs}");
+        assert_eq!(security["capabilities"]["drop"], json!(["ALL"]), "{pod}: {drafs}");
+        assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault", "{pod}: {drafs}");
+        // And the kubelet ran it as that user.
+        let user = &running["status"]["initContainerStatuses"][0]["user"]["linux"]["uid"];
+        assert_eq!(user, &json!(65532), "{pod}: {}", running["status"]);
     }
 
     // An unlabelled pod never reaches the webhook and gets no drafs.
