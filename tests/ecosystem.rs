@@ -359,7 +359,7 @@ fn a_flood_of_slow_metrics_clients_is_bounded_and_probes_still_answer() {
     assert!(slow.len() > 100);
     // The server holds at most a bounded number of them at a time...
     for _ in 0..20 {
-        assert!(fds() <= baseline + drafs::metrics::MAX_CONNECTIONS + 4, "{} descriptors", fds());
+        assert!(fds() <= baseline + drafs::publish::metrics::MAX_CONNECTIONS + 4, "{} descriptors", fds());
         std::thread::sleep(Duration::from_millis(50));
     }
     // ...answers an honest probe all the same...

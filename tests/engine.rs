@@ -6,10 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use drafs::api::{EngineError, PodRef};
-use drafs::reconcile::{Input, Mode, Reconciler, Step};
-use drafs::resolve::{Resolution, Selection};
-use drafs::source::Engine;
+use drafs::engine::{EngineError, PodRef};
+use drafs::engine::reconcile::{Input, Mode, Reconciler, Step};
+use drafs::engine::source::Engine;
+use drafs::model::resolve::{Resolution, Selection};
 use serde_json::json;
 use support::*;
 use tokio::time::Instant;

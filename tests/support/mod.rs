@@ -28,7 +28,7 @@ pub fn read(rel: &str) -> String {
 
 /// The RBAC `drafs manifests rbac --namespace NS --events` prints.
 pub fn rbac_yaml(namespace: &str) -> String {
-    drafs::manifests::to_yaml(&drafs::manifests::rbac(namespace, "drafs", true)).unwrap()
+    drafs::admission::manifests::to_yaml(&drafs::admission::manifests::rbac(namespace, "drafs", true)).unwrap()
 }
 
 /// A test API server authorizing by the RBAC drafs ships (`drafs manifests

@@ -10,8 +10,19 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tracing::{debug, warn};
 
-use crate::api::PodRef;
-use crate::cli::EventsMode;
+use crate::model::PodRef;
+
+use clap::ValueEnum;
+
+/// Which Events drafs records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsMode {
+    #[value(alias = "true")]
+    All,
+    Warnings,
+    #[value(alias = "false")]
+    None,
+}
 
 pub const READY: &str = "DeviceAttributesReady";
 pub const NOT_READY: &str = "DeviceAttributesNotReady";

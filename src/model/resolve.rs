@@ -14,8 +14,8 @@ use k8s_openapi::api::resource::v1::{
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::names::{QualifiedName, is_dns_label};
-use crate::objects::Snapshot;
+use crate::model::names::{QualifiedName, is_dns_label};
+use crate::model::objects::Snapshot;
 
 /// Which pod claims to resolve; empty means all of them.
 #[derive(Debug, Clone, Default)]
@@ -346,7 +346,7 @@ impl<'a> SliceIndex<'a> {
         let mut all: HashMap<(&str, &str), BTreeMap<i64, Generation>> = HashMap::new();
         for (key, slice) in &snapshot.slices {
             let spec = &slice.spec;
-            if !crate::slices::eligible_for(spec, node) {
+            if !crate::model::slices::eligible_for(spec, node) {
                 continue;
             }
             let pool = (spec.driver.as_str(), spec.pool.name.as_str());
@@ -596,7 +596,7 @@ fn resolve_device(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::FileObjects;
+    use crate::model::objects::FileObjects;
 
     fn snapshot(text: &str) -> Snapshot {
         FileObjects::parse("test", text).unwrap().into_snapshot("test", None).unwrap()

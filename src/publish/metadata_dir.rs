@@ -21,7 +21,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::tree::Tree;
+use crate::model::metadata::Generations;
+use crate::model::tree::Tree;
 
 /// Files are small (one claim's devices); anything bigger is not drafs's.
 const MAX_FILE: u64 = 4 << 20;
@@ -37,7 +38,7 @@ pub enum MetadataDirError {
     Foreign { path: PathBuf, expected: &'static str },
     /// Another drafs writes the directory (or it cannot be made or opened).
     #[error(transparent)]
-    Lock(#[from] crate::files::WriteError),
+    Lock(#[from] crate::publish::files::WriteError),
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MetadataDirError + 'a {
@@ -75,7 +76,7 @@ pub struct MetadataDir {
     /// What drafs last wrote at each path, to skip unchanged files.
     written: BTreeMap<String, Vec<u8>>,
     /// One writer per directory, as for the tree.
-    lock: Option<crate::files::DirLock>,
+    lock: Option<crate::publish::files::DirLock>,
 }
 
 impl MetadataDir {
@@ -96,7 +97,7 @@ impl MetadataDir {
     ) -> Result<Self, MetadataDirError> {
         let mut out = Self::new(dir, driver_owned);
         if out.dir.is_dir() {
-            out.lock = Some(crate::files::DirLock::take(&out.dir)?);
+            out.lock = Some(crate::publish::files::DirLock::take(&out.dir)?);
         }
         Ok(out)
     }
@@ -149,7 +150,7 @@ impl MetadataDir {
             Err(e) => return Err(io_err("open", &self.dir)(e)),
         }
         if self.lock.is_none() {
-            self.lock = Some(crate::files::DirLock::take(&self.dir)?);
+            self.lock = Some(crate::publish::files::DirLock::take(&self.dir)?);
         }
         for (rel, content) in &files {
             if self.owned_by_driver(rel) || self.written.get(*rel).map(Vec::as_slice) != Some(*content) {
@@ -215,6 +216,46 @@ impl MetadataDir {
         }
         Ok(wrote)
     }
+}
+
+/// Read back the generation and content of drafs's files under `dir`, so a
+/// restart (or `serve` after `init`) goes on counting.
+///
+/// Bounded, so that whatever is in the directory cannot stall start-up:
+/// only the standard layout's depth (`<kind>/<claim>/<request>/<file>`),
+/// never through a symlink, only regular files of bounded size, and at
+/// most `MAX_READ_BACK` entries in all.
+pub fn read_generations(dir: &Path) -> Generations {
+    const MAX_READ_BACK: usize = 10_000;
+    let mut out = Generations::default();
+    let mut seen = 0usize;
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            seen += 1;
+            if seen > MAX_READ_BACK {
+                return out;
+            }
+            // The entry's own type: a symlink is never followed.
+            let Ok(kind) = entry.file_type() else { continue };
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if kind.is_dir() && depth < 3 && !name.starts_with('.') {
+                stack.push((path, depth + 1));
+            } else if kind.is_file()
+                && depth == 3
+                && name.ends_with("-metadata.json")
+                && let Some(bytes) = read_regular(&path)
+                && let Ok(text) = String::from_utf8(bytes)
+                && let Some(first) = text.lines().next()
+                && let Ok(rel) = path.strip_prefix(dir)
+            {
+                out.take_back(rel.to_string_lossy().into_owned(), first);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

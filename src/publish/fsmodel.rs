@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::tree::Tree;
+use crate::model::tree::Tree;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;

@@ -5,10 +5,8 @@
 //! `NAME=CLAIM/REQUEST/ATTR` (no index) joins the values of all devices of the
 //! request with `,`, in allocation order.
 
-use std::path::{Path, PathBuf};
-
-use crate::names::is_dns_label;
-use crate::tree::{Tree, is_clean_relative};
+use crate::model::names::is_dns_label;
+use crate::model::tree::{Tree, is_clean_relative};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvError {
@@ -77,23 +75,6 @@ impl ValueSource for Tree {
             .collect();
         out.sort_unstable();
         out.dedup();
-        out
-    }
-}
-
-/// A tree written by `init` or served by `serve`.
-pub struct DirSource(pub PathBuf);
-
-impl ValueSource for DirSource {
-    fn value(&self, rel: &str) -> Option<String> {
-        std::fs::read_to_string(Path::new(&self.0).join(rel)).ok()
-    }
-
-    fn indices(&self, claim: &str, request: &str) -> Vec<usize> {
-        let mut out: Vec<usize> = std::fs::read_dir(self.0.join(claim).join(request))
-            .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        out.sort_unstable();
         out
     }
 }

@@ -1,6 +1,6 @@
 //! `drafs webhook`: the admission webhook server (TLS, HTTP/1.1).
 //!
-//! The decisions are in [`crate::admission`]; this is the I/O around them: a
+//! The decisions are in [`crate::admission::decision`]; this is the I/O around them: a
 //! TLS listener whose certificate follows its files (cert-manager rotates
 //! them in place, and a renewal that is expired, not yet valid or not for
 //! `--dns-name` is refused), bounded connections and bodies, `POST /mutate`,
@@ -33,8 +33,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use crate::admission;
-use crate::metrics::Exposition;
+use crate::admission::decision as admission;
+use crate::publish::metrics::Exposition;
 
 /// An AdmissionReview larger than this is refused. The API server's request
 /// limit (3 MiB) bounds what a client sends, not the review: the pod comes
@@ -812,8 +812,10 @@ impl Webhook {
         info!(addr = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), image = %self.state.image, "webhook listening");
         let state = self.state.clone();
         let reloader = tokio::spawn(follow_certs(self.files.clone(), self.current.clone(), state.metrics.clone()));
-        let metrics_server =
-            self.metrics_listener.take().map(|l| tokio::spawn(crate::metrics::serve(l, state.metrics.clone())));
+        let metrics_server = self
+            .metrics_listener
+            .take()
+            .map(|l| tokio::spawn(crate::publish::metrics::serve(l, state.metrics.clone())));
         let drain = self.drain;
         let (stop_connections, _) = watch::channel(false);
         self.accept_until(shutdown, &stop_connections).await;

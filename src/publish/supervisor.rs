@@ -18,7 +18,7 @@ use std::path::Path;
 
 use tracing::warn;
 
-use crate::fuse;
+use crate::publish::fuse;
 
 /// Signals the supervisor passes on to the server.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];

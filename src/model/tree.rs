@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::layout;
-use crate::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
+use crate::model::layout;
+use crate::model::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
 /// turn a file into a directory (or back).
@@ -271,8 +271,8 @@ pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::FileObjects;
-    use crate::resolve::{Selection, resolve};
+    use crate::model::objects::FileObjects;
+    use crate::model::resolve::{Selection, resolve};
 
     #[test]
     fn insert_refuses_escapes_and_conflicts() {

@@ -20,8 +20,8 @@ use serde::de::{self, Deserializer as _, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::inject::{self, Mode, Options, Outcome};
-use crate::tree::RequirePath;
+use crate::admission::inject::{self, Mode, Options, Outcome};
+use crate::model::tree::RequirePath;
 
 /// The label that opts a pod in; the webhook configuration selects on it.
 pub const INJECT_LABEL: &str = "drafs.dev/inject";
@@ -273,7 +273,7 @@ fn options(pod: &Value, label: &Value, image: &str) -> Result<Options, String> {
             .map(str::trim)
             .filter(|d| !d.is_empty())
             .map(|d| {
-                crate::cli::parse_driver_name(d)
+                crate::model::names::parse_driver_name(d)
                     .map_err(|e| format!("annotation {METADATA_FROM_DRIVERS_ANNOTATION}: {e} (comma-separated)"))
             })
             .collect::<Result<_, _>>()?;
@@ -291,7 +291,7 @@ fn options(pod: &Value, label: &Value, image: &str) -> Result<Options, String> {
             .collect::<Result<_, _>>()?;
     }
     if let Some(text) = annotation(TIMEOUT_ANNOTATION) {
-        let timeout: Duration = crate::cli::parse_duration(text)
+        let timeout: Duration = crate::model::names::parse_duration(text)
             .map_err(|e| format!("annotation {TIMEOUT_ANNOTATION}: {e} (e.g. 90s, 5m, 1h; 0 for no limit)"))?;
         opts.timeout = Some(timeout);
     }

@@ -15,7 +15,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::tree::Tree;
+use crate::model::tree::Tree;
 
 pub const DATA_LINK: &str = "..data";
 /// Every payload directory drafs writes holds this file: drafs removes only
@@ -128,7 +128,7 @@ impl AtomicDir {
         // User-visible names new in this tree are linked before the swap: they
         // lead nowhere until ..data does, so every name (`.ready` too) appears
         // with the tree it belongs to, never after it. `.ready` goes last anyway.
-        let ready = crate::layout::READY;
+        let ready = crate::model::layout::READY;
         let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
         let mut linked = Vec::new();
         let prelink = || -> Result<(), WriteError> {
@@ -184,8 +184,8 @@ impl AtomicDir {
     /// Take `.ready` away (after a failed write: the tree there is stale), if it
     /// is drafs's own link. The next successful write puts it back.
     pub fn withdraw_ready(&mut self) {
-        let link = self.dir.join(crate::layout::READY);
-        if is_our_link(&link, crate::layout::READY) {
+        let link = self.dir.join(crate::model::layout::READY);
+        if is_our_link(&link, crate::model::layout::READY) {
             let _ = fs::remove_file(&link);
         }
         self.last = None;

@@ -22,9 +22,9 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
-use crate::metrics::Metrics;
-use crate::tree::Tree;
+use crate::model::tree::Tree;
+use crate::publish::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
+use crate::publish::metrics::Metrics;
 
 /// How long the kernel may cache names and attributes. Changes are pushed, so
 /// this only bounds staleness if a push were lost.

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use crate::names::is_dns_subdomain;
-use crate::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
-use crate::tree::Tree;
+use crate::model::names::is_dns_subdomain;
+use crate::model::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
+use crate::model::tree::Tree;
 
 pub const API_VERSIONS: [&str; 2] = ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
 
@@ -25,48 +25,17 @@ pub struct Generations {
 }
 
 impl Generations {
-    /// Read back the generation and content of drafs's files under `dir`.
-    ///
-    /// Bounded, so that whatever is in the directory cannot stall start-up:
-    /// only the standard layout's depth (`<kind>/<claim>/<request>/<file>`),
-    /// never through a symlink, only regular files of bounded size, and at
-    /// most `MAX_READ_BACK` entries in all.
-    pub fn read_back(dir: &std::path::Path) -> Self {
-        const MAX_READ_BACK: usize = 10_000;
-        let mut out = Generations::default();
-        let mut seen = 0usize;
-        let mut stack = vec![(dir.to_path_buf(), 0usize)];
-        while let Some((d, depth)) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&d) else { continue };
-            for entry in entries.flatten() {
-                seen += 1;
-                if seen > MAX_READ_BACK {
-                    return out;
-                }
-                // The entry's own type: a symlink is never followed.
-                let Ok(kind) = entry.file_type() else { continue };
-                let path = entry.path();
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if kind.is_dir() && depth < 3 && !name.starts_with('.') {
-                    stack.push((path, depth + 1));
-                } else if kind.is_file()
-                    && depth == 3
-                    && name.ends_with("-metadata.json")
-                    && let Some(bytes) = crate::metadata_dir::read_regular(&path)
-                    && let Ok(text) = String::from_utf8(bytes)
-                    && let Some(first) = text.lines().next()
-                    && let Ok(doc) = serde_json::from_str::<Value>(first)
-                    && let (Some(generation), Ok(rel)) =
-                        (doc["metadata"]["generation"].as_i64(), path.strip_prefix(dir))
-                {
-                    let pod_claim = doc.get("podClaimName").cloned().unwrap_or(Value::Null);
-                    let m = &doc["metadata"];
-                    let content = json!([m["name"], m["namespace"], m["uid"], pod_claim, doc["requests"]]);
-                    out.last.insert(rel.to_string_lossy().into_owned(), (content, generation));
-                }
-            }
+    /// Take back the content and generation of a file drafs wrote, from its
+    /// first line (`rel`: its path under the directory); anything else is ignored.
+    pub fn take_back(&mut self, rel: String, first_line: &str) {
+        if let Ok(doc) = serde_json::from_str::<Value>(first_line)
+            && let Some(generation) = doc["metadata"]["generation"].as_i64()
+        {
+            let pod_claim = doc.get("podClaimName").cloned().unwrap_or(Value::Null);
+            let m = &doc["metadata"];
+            let content = json!([m["name"], m["namespace"], m["uid"], pod_claim, doc["requests"]]);
+            self.last.insert(rel, (content, generation));
         }
-        out
     }
 
     fn next(&mut self, path: &str, content: &Value) -> i64 {
@@ -190,8 +159,8 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::FileObjects;
-    use crate::resolve::{Selection, resolve};
+    use crate::model::objects::FileObjects;
+    use crate::model::resolve::{Selection, resolve};
 
     const TEXT: &str = r#"
 kind: Pod
@@ -261,8 +230,8 @@ spec:
 
         // Another process on the same directory goes on counting from it.
         let dir = tempfile_dir();
-        crate::metadata_dir::MetadataDir::new(&dir, []).write(&next).unwrap();
-        let mut read_back = Generations::read_back(&dir);
+        crate::publish::metadata_dir::MetadataDir::new(&dir, []).write(&next).unwrap();
+        let mut read_back = crate::publish::metadata_dir::read_generations(&dir);
         let same = build(&changed, &mut read_back, &mut warnings);
         assert_eq!(same, next, "same content: the generation read back, not 1");
         let again = build(&res, &mut read_back, &mut warnings);

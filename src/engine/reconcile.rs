@@ -4,8 +4,8 @@
 //! It never does I/O. The engine in `source` feeds it [`Input`]s (the pod, a
 //! list, a watch event, an error, the deadline) and carries out the
 //! [`Action`]s of each [`Step`] (get the pod, list a scope, watch it from a
-//! resource version, decode slices with a new device filter); the command
-//! publishes what the step says and reports its [`Transition`]. `init`, `serve`,
+//! resource version, decode slices with a new device filter); the drive loop
+//! (`drive`) hands what the step publishes and its [`Transition`] to the outputs. `init`, `serve`,
 //! `get` and `exec` differ only in their [`Mode`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{ApiError, EngineError, PodRef, RetryBackoff, WATCH_SECONDS, WatchBackoff, seed_of};
-use crate::resolve::{Missing, Resolution, Selection, claim_names, resolve};
-use crate::slices::{self, DeviceFilter};
-use crate::store::{Item, Scope, Store};
-use crate::tree::{self, BuiltTree, RequirePath, Tree};
+use crate::engine::api::{ApiError, WATCH_SECONDS};
+use crate::engine::store::{Item, Scope, Store};
+use crate::engine::{EngineError, PodRef};
+use crate::model::backoff::{RetryBackoff, WatchBackoff, seed_of};
+pub use crate::model::publication::{Publication, Transition};
+use crate::model::resolve::{Missing, Resolution, Selection, claim_names, resolve};
+use crate::model::slices::{self, DeviceFilter};
+use crate::model::tree::{self, BuiltTree, RequirePath, Tree};
 
 /// How long a run lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,28 +102,6 @@ pub enum Action {
     },
     /// Decode slices with this filter from now on.
     Filter(DeviceFilter),
-}
-
-/// A readiness change, to log, count and record as an Event.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Transition {
-    /// Not ready yet, and what is missing changed.
-    Waiting { missing: Vec<String> },
-    /// Everything asked for is there, for the first time.
-    Ready { summary: String },
-    /// Still ready, with new values.
-    Updated,
-    /// Was ready; these went missing and their values were removed.
-    Lost { missing: Vec<String> },
-    /// Ready again after `Lost`.
-    Recovered,
-}
-
-/// A tree to publish, with the resolution it came from.
-#[derive(Debug, Clone)]
-pub struct Publication {
-    pub resolution: Resolution,
-    pub built: BuiltTree,
 }
 
 /// The outcome of one input.

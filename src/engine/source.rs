@@ -28,11 +28,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-pub use crate::api::{ApiError, EngineError, PodRef, RetryBackoff, WATCH_SECONDS};
-use crate::metrics::Metrics;
-use crate::reconcile::{Action, Input};
-use crate::slices::{self, DeviceFilter, RawEvent, RawList};
-use crate::store::{Item, Scope};
+use crate::engine::PodRef;
+use crate::engine::api::{ApiError, WATCH_SECONDS};
+use crate::engine::reconcile::{Action, Input};
+use crate::engine::store::{Item, Scope};
+use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
+use crate::publish::metrics::Metrics;
 
 /// A watch silent this long (no event, no bookmark, no close) is restarted.
 pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
@@ -508,4 +509,22 @@ fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
     }
     let object: Object = serde_json::from_str(raw).ok()?;
     Some((object.metadata.name.unwrap_or_default(), object.metadata.resource_version))
+}
+
+/// The cluster's credentials cannot be found.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot find cluster credentials ({0}); run inside a pod with a service account, set KUBECONFIG, or use --from-file"
+)]
+pub struct NoCredentials(String);
+
+/// A client from the pod's service account or the kubeconfig, and the pod
+/// `name` in `namespace` (when not given: the kubeconfig context's).
+pub async fn connect(name: String, namespace: Option<String>) -> Result<(Client, PodRef), NoCredentials> {
+    let client = Client::try_default().await.map_err(|e| {
+        // kube quotes a kubeconfig path twice ('"/path"'); show it once.
+        NoCredentials(e.to_string().replace("'\"", "'").replace("\"'", "'"))
+    })?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+    Ok((client, PodRef { namespace, name }))
 }

@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::envvars::EnvSpec;
-use crate::inject::Mode;
-use crate::tree::RequirePath;
+use crate::admission::inject::Mode;
+use crate::model::envvars::EnvSpec;
+use crate::model::names::is_dns_label;
+pub use crate::model::names::{parse_driver_name, parse_duration};
+use crate::model::tree::RequirePath;
+pub use crate::publish::events::EventsMode;
 
 #[derive(Debug, Parser)]
 #[command(name = "drafs", version, about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
@@ -132,15 +135,6 @@ pub struct InjectArgs {
     pub timeout: Option<Duration>,
 }
 
-/// A DRA driver name: a DNS subdomain, as the API requires.
-pub fn parse_driver_name(text: &str) -> Result<String, String> {
-    if crate::names::is_dns_subdomain(text) {
-        Ok(text.to_string())
-    } else {
-        Err(format!("{text:?} is not a driver name (a DNS subdomain such as gpu.example.com)"))
-    }
-}
-
 /// An image reference: not empty, no spaces or control characters.
 fn parse_image(text: &str) -> Result<String, String> {
     if text.is_empty() || text.len() > 1024 || !text.chars().all(|c| c.is_ascii_graphic()) {
@@ -151,7 +145,7 @@ fn parse_image(text: &str) -> Result<String, String> {
 
 /// A container path for drafs's files.
 fn parse_container_path(text: &str) -> Result<String, String> {
-    crate::inject::check_container_path(text).map(|()| text.to_string()).map_err(|p| format!("{text:?} {p}"))
+    crate::admission::inject::check_container_path(text).map(|()| text.to_string()).map_err(|p| format!("{text:?} {p}"))
 }
 
 #[derive(Debug, Args)]
@@ -195,7 +189,7 @@ pub struct RbacArgs {
 
 /// A DNS label, as namespace and service account names are.
 fn parse_namespace(text: &str) -> Result<String, String> {
-    if crate::names::is_dns_label(text) {
+    if is_dns_label(text) {
         Ok(text.to_string())
     } else {
         Err(format!("{text:?} is not a valid name (a DNS label: lowercase letters, digits and '-', at most 63)"))
@@ -249,16 +243,6 @@ pub struct ServeArgs {
     pub select: SelectArgs,
     #[command(flatten)]
     pub source: SourceArgs,
-}
-
-/// Which Events drafs records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EventsMode {
-    #[value(alias = "true")]
-    All,
-    Warnings,
-    #[value(alias = "false")]
-    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -316,72 +300,9 @@ pub enum Output {
     Tree,
 }
 
-/// The longest duration accepted (a deadline further out is a mistake, and
-/// would overflow the clock).
-pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// Parse `90s`, `5m`, `1h30m`, `250ms` or a bare number of seconds, at most [`MAX_DURATION`].
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let total = parse_duration_unbounded(text)?;
-    if total > MAX_DURATION {
-        return Err(format!("duration {text:?} is longer than the maximum of 366 days"));
-    }
-    Ok(total)
-}
-
-fn parse_duration_unbounded(text: &str) -> Result<Duration, String> {
-    let too_long = || format!("duration {text:?} is longer than the maximum of 366 days");
-    if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration {text:?}: expected e.g. 30s, 5m, 1h"));
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| format!("invalid duration {text:?}"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
-            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m, h)")),
-        };
-        total = total.checked_add(unit).ok_or_else(too_long)?;
-        rest = &rest[unit_len..];
-    }
-    if text.is_empty() {
-        return Err("empty duration".into());
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert!(parse_duration("5 minutes").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("m").is_err());
-        // Out of range: an error, never an overflow.
-        assert!(parse_duration("18446744073709551615s").is_err());
-        assert!(parse_duration("18446744073709551615").is_err());
-        assert!(parse_duration("99999999999999999h").is_err());
-        assert!(parse_duration("18446744073709551615s18446744073709551615s").is_err());
-        assert!(parse_duration("367d").is_err());
-        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
-    }
 
     #[test]
     fn flags_parse() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::tree::RequirePath;
+use crate::model::tree::RequirePath;
 
 mod yaml;
 

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
-use crate::objects::Snapshot;
+use crate::model::objects::Snapshot;
 
 /// One list/watch: what it selects and which RBAC verb/resource it uses.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
