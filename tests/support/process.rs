@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::TestApi;
+use super::{TestApi, repo_path};
 
 /// The binary under test: cargo's build, or `DRAFS_BIN` (benchmarks use it to
 /// measure the shipped image binary).
@@ -315,4 +315,19 @@ pub fn detach(dir: &Path) {
         // SAFETY: a valid NUL-terminated path.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
+}
+
+/// Run drafs in the repository with `input` on its standard input.
+pub fn drafs_with_stdin(args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(args)
+        .current_dir(repo_path(""))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    wait_output(child, Duration::from_secs(60))
 }
