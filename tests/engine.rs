@@ -193,10 +193,42 @@ fn a_silent_watch_is_restarted() {
 
 // The drive loop in process.
 
-/// Outputs writing files into `dir`, counting into `metrics`, recording no Events.
-fn file_outputs(dir: &Path, metrics: &Arc<Metrics>) -> Outputs {
-    let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None, &[]).unwrap();
-    Outputs::new(publisher, metrics.clone(), Events::none(), dir)
+/// A run of pod ml/p as `init` (`UntilReady`) or `serve` (`Follow`) wires it:
+/// files written into `dir`, counted into `metrics`, no Events.
+struct Run {
+    metrics: Arc<Metrics>,
+    outputs: Outputs,
+    engine: Engine,
+    reconciler: Reconciler,
+}
+
+impl Run {
+    async fn new(env: &Env, dir: &Path, mode: Mode, deadline: Option<Instant>) -> Run {
+        let metrics = Arc::new(Metrics::default());
+        let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None, &[]).unwrap();
+        let outputs = Outputs::new(publisher, metrics.clone(), Events::none(), dir);
+        let engine = Engine::new(client(env).await, pod_ref("ml", "p"), deadline);
+        let reconciler = Reconciler::new(mode, pod_ref("ml", "p"), Selection::default(), vec![]);
+        Run { metrics, outputs, engine, reconciler }
+    }
+
+    async fn drive(&mut self, fail_on_output_error: bool) -> Result<Resolution, DriveError> {
+        drive(&mut self.engine, &mut self.reconciler, Some(&mut self.outputs), fail_on_output_error).await
+    }
+
+    /// Drive a following run until `reader` is done (a test failure if the run ends first).
+    async fn follow_until(&mut self, reader: impl std::future::Future<Output = ()>) {
+        tokio::select! {
+            result = self.drive(false) => panic!("a following run ended: {:?}", result.err()),
+            () = reader => {}
+        }
+    }
+}
+
+/// Pod ml/p whose claim `gpu` (ResourceClaim c) is not allocated.
+fn unallocated(api: &TestApi) {
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", None));
 }
 
 /// A file of the tree at `dir`, as a reader sees it.
@@ -228,17 +260,15 @@ fn drive_until_ready_writes_the_tree_before_it_returns() {
     let dir = env.path("dra");
 
     block_on(async {
-        let metrics = Arc::new(Metrics::default());
-        let mut outputs = file_outputs(&dir, &metrics);
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), None);
-        let mut reconciler = Reconciler::new(Mode::UntilReady, pod_ref("ml", "p"), Selection::default(), vec![]);
-        let res = drive(&mut engine, &mut reconciler, Some(&mut outputs), true).await.unwrap();
+        let mut run = Run::new(&env, &dir, Mode::UntilReady, None).await;
+        let res = run.drive(true).await.unwrap();
+        let metrics = &run.metrics;
         assert!(res.is_complete());
         // Written (not merely submitted) when drive returns: an init container may exit.
         assert_eq!(file(&dir, "gpu/gpu/0/uuid").as_deref(), Some("U0"));
         assert!(dir.join(".ready").exists());
         assert!(metrics.is_ready());
-        assert_eq!(metric(&metrics, "drafs_tree_updates_total"), 1);
+        assert_eq!(metric(metrics, "drafs_tree_updates_total"), 1);
     })
 }
 
@@ -250,10 +280,8 @@ fn drive_follows_a_live_update_to_the_bytes_a_reader_sees() {
     let dir = env.path("dra");
 
     block_on(async {
-        let metrics = Arc::new(Metrics::default());
-        let mut outputs = file_outputs(&dir, &metrics);
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), None);
-        let mut reconciler = Reconciler::new(Mode::Follow, pod_ref("ml", "p"), Selection::default(), vec![]);
+        let mut run = Run::new(&env, &dir, Mode::Follow, None).await;
+        let metrics = run.metrics.clone();
         let reader = async {
             until_file(&dir, "gpu/gpu/0/uuid", "U0").await;
             set_uuid(&api, "U1");
@@ -263,12 +291,7 @@ fn drive_follows_a_live_update_to_the_bytes_a_reader_sees() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
-        tokio::select! {
-            result = drive(&mut engine, &mut reconciler, Some(&mut outputs), false) => {
-                panic!("a following run ended: {:?}", result.err())
-            }
-            () = reader => {}
-        }
+        run.follow_until(reader).await;
         assert!(dir.join(".ready").exists(), "still ready");
         assert_eq!(metric(&metrics, "drafs_tree_updates_total"), 2);
         let watches = api.requests().iter().filter(|r| r.verb == "watch").count();
@@ -286,10 +309,8 @@ fn drive_coalesces_a_burst_into_few_writes() {
     let dir = env.path("dra");
 
     block_on(async {
-        let metrics = Arc::new(Metrics::default());
-        let mut outputs = file_outputs(&dir, &metrics);
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), None);
-        let mut reconciler = Reconciler::new(Mode::Follow, pod_ref("ml", "p"), Selection::default(), vec![]);
+        let mut run = Run::new(&env, &dir, Mode::Follow, None).await;
+        let metrics = run.metrics.clone();
         let mut before = 0;
         let burst = async {
             until_file(&dir, "gpu/gpu/0/attr0", "value-0-0-0").await;
@@ -299,12 +320,7 @@ fn drive_coalesces_a_burst_into_few_writes() {
             }
             until_file(&dir, "gpu/gpu/7/attr29", &format!("value-7-29-{CHANGES}")).await;
         };
-        tokio::select! {
-            result = drive(&mut engine, &mut reconciler, Some(&mut outputs), false) => {
-                panic!("a following run ended: {:?}", result.err())
-            }
-            () = burst => {}
-        }
+        run.follow_until(burst).await;
         let writes = metric(&metrics, "drafs_tree_updates_total") - before;
         assert!(writes <= (CHANGES / 10) as u64, "{writes} tree writes for {CHANGES} changes");
     })
@@ -313,8 +329,7 @@ fn drive_coalesces_a_burst_into_few_writes() {
 #[test]
 fn resolve_once_says_what_is_missing_without_waiting() {
     let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", None));
+    unallocated(&api);
     let env = Env::new(&api, "ml", "p", TOKEN);
 
     block_on(async {
@@ -332,29 +347,20 @@ fn resolve_once_says_what_is_missing_without_waiting() {
 #[test]
 fn drive_past_its_deadline_fails_with_what_is_missing_and_writes_nothing() {
     let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", None));
+    unallocated(&api);
     let env = Env::new(&api, "ml", "p", TOKEN);
     let dir = env.path("dra");
 
     block_on(async {
-        let metrics = Arc::new(Metrics::default());
-        let mut outputs = file_outputs(&dir, &metrics);
         let deadline = Instant::now() + Duration::from_millis(500);
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), Some(deadline));
-        let mut reconciler = Reconciler::new(Mode::UntilReady, pod_ref("ml", "p"), Selection::default(), vec![]);
-        let result = tokio::time::timeout(
-            Duration::from_secs(20),
-            drive(&mut engine, &mut reconciler, Some(&mut outputs), true),
-        )
-        .await
-        .unwrap();
+        let mut run = Run::new(&env, &dir, Mode::UntilReady, Some(deadline)).await;
+        let result = tokio::time::timeout(Duration::from_secs(20), run.drive(true)).await.unwrap();
         let Err(DriveError::Engine(EngineError::Timeout { waiting_for })) = result else {
             panic!("{:?}", result.err())
         };
         assert!(!waiting_for.is_empty());
         assert!(!dir.join(".ready").exists(), "not ready");
-        assert!(!metrics.is_ready());
+        assert!(!run.metrics.is_ready());
     })
 }
 
