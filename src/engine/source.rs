@@ -406,90 +406,102 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
         let line = match tokio::time::timeout(ctx.watch_idle, lines.next()).await {
             Err(_) => {
                 let message = format!("silent for {} ms without closing; restarting it", ctx.watch_idle.as_millis());
-                let error = ApiError::Failed {
-                    verb: "watch",
-                    resource: ctx.scope.resource().into(),
-                    scope: ctx.selector(),
-                    message,
-                    code: None,
-                };
-                return ctx.fail(error).await;
+                return ctx.fail(ctx.watch_failed(message)).await;
             }
             Ok(None) => {
                 let (scope, lasted) = (ctx.scope.clone(), started.elapsed());
                 let _ = ctx.tx.send(Input::WatchEnded { scope, lasted, changes }).await;
                 return;
             }
-            Ok(Some(Err(e))) => {
-                let error = ApiError::Failed {
-                    verb: "watch",
-                    resource: ctx.scope.resource().into(),
-                    scope: ctx.selector(),
-                    message: e.to_string(),
-                    code: None,
-                };
-                return ctx.fail(error).await;
-            }
+            Ok(Some(Err(e))) => return ctx.fail(ctx.watch_failed(e.to_string())).await,
             Ok(Some(Ok(line))) => line,
         };
         if line.trim().is_empty() {
             continue;
         }
-        let event: RawEvent = match serde_json::from_str(&line) {
-            Ok(e) => e,
-            Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
-        };
-        let scope = ctx.scope.clone();
-        let input = match event.kind.as_str() {
-            "ADDED" | "MODIFIED" => {
-                let filter = ctx.filter.borrow().clone().unwrap_or_default();
-                match ctx.decode(event.object.get(), &filter, node.as_deref()) {
-                    Ok(Some(item)) => Input::Applied { scope, item },
-                    // A slice that no longer holds anything wanted: as if deleted.
-                    Ok(None) => match object_meta(event.object.get()) {
-                        Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
-                        None => continue,
-                    },
-                    Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
+        let input = match ctx.event(&line, node.as_deref()) {
+            Event::Input(input) => input,
+            Event::Skip => continue,
+            Event::Expired => {
+                debug!(scope = %ctx.scope, "watch expired (410 Gone); relisting");
+                if let Some(m) = &ctx.metrics {
+                    m.watch_restarted();
                 }
+                let _ = ctx.tx.send(Input::Expired(ctx.scope.clone())).await;
+                return;
             }
-            "DELETED" => match object_meta(event.object.get()) {
-                Some((name, rv)) => Input::Deleted { scope, name, resource_version: rv },
-                None => return ctx.fail(ctx.malformed("watch", "a DELETED event without a name")).await,
-            },
-            "BOOKMARK" => match object_meta(event.object.get()).and_then(|(_, rv)| rv) {
-                Some(resource_version) => Input::Bookmark { scope, resource_version },
-                None => continue,
-            },
-            "ERROR" => {
-                let status: kube::core::Status = match serde_json::from_str(event.object.get()) {
-                    Ok(s) => s,
-                    Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
-                };
-                if status.code == 410 {
-                    debug!(%scope, "watch expired (410 Gone); relisting");
-                    if let Some(m) = &ctx.metrics {
-                        m.watch_restarted();
-                    }
-                    let _ = ctx.tx.send(Input::Expired(scope)).await;
-                    return;
-                }
-                return ctx
-                    .fail(ApiError::classify(
-                        &kube::Error::Api(Box::new(status)),
-                        "watch",
-                        ctx.scope.resource(),
-                        ctx.selector(),
-                    ))
-                    .await;
-            }
-            _ => continue,
+            Event::Failed(error) => return ctx.fail(error).await,
         };
         if matches!(input, Input::Applied { .. } | Input::Deleted { .. }) {
             changes += 1;
         }
         if ctx.tx.send(input).await.is_err() {
             return;
+        }
+    }
+}
+
+/// What one line of a watch means for the reconciler.
+enum Event {
+    Input(Input),
+    /// Nothing to tell (a bookmark without a version, a type drafs does not use).
+    Skip,
+    /// 410 Gone: the version is too old, list again.
+    Expired,
+    /// The watch is broken.
+    Failed(ApiError),
+}
+
+impl ScopeContext {
+    fn watch_failed(&self, message: String) -> ApiError {
+        ApiError::Failed {
+            verb: "watch",
+            resource: self.scope.resource().into(),
+            scope: self.selector(),
+            message,
+            code: None,
+        }
+    }
+
+    /// Decode one watch event (a line of the stream) into what it means.
+    fn event(&self, line: &str, node: Option<&str>) -> Event {
+        let event: RawEvent = match serde_json::from_str(line) {
+            Ok(e) => e,
+            Err(e) => return Event::Failed(self.malformed("watch", e)),
+        };
+        let scope = self.scope.clone();
+        let deleted = |scope| {
+            object_meta(event.object.get()).map(|(name, rv)| Input::Deleted { scope, name, resource_version: rv })
+        };
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let filter = self.filter.borrow().clone().unwrap_or_default();
+                match self.decode(event.object.get(), &filter, node) {
+                    Ok(Some(item)) => Event::Input(Input::Applied { scope, item }),
+                    // A slice that no longer holds anything wanted: as if deleted.
+                    Ok(None) => deleted(scope).map_or(Event::Skip, Event::Input),
+                    Err(e) => Event::Failed(self.malformed("watch", e)),
+                }
+            }
+            "DELETED" => match deleted(scope) {
+                Some(input) => Event::Input(input),
+                None => Event::Failed(self.malformed("watch", "a DELETED event without a name")),
+            },
+            "BOOKMARK" => match object_meta(event.object.get()).and_then(|(_, rv)| rv) {
+                Some(resource_version) => Event::Input(Input::Bookmark { scope, resource_version }),
+                None => Event::Skip,
+            },
+            "ERROR" => match serde_json::from_str::<kube::core::Status>(event.object.get()) {
+                Err(e) => Event::Failed(self.malformed("watch", e)),
+                Ok(status) if status.code == 410 => Event::Expired,
+                Ok(status) => Event::Failed(ApiError::classify(
+                    &kube::Error::Api(Box::new(status)),
+                    "watch",
+                    self.scope.resource(),
+                    self.selector(),
+                )),
+            },
+            _ => Event::Skip,
         }
     }
 }
