@@ -265,26 +265,10 @@ impl Reconciler {
     /// One input into the state; false when it changed nothing to resolve.
     fn apply(&mut self, input: Input, step: &mut Step) -> bool {
         match input {
-            Input::Pod(pod) => {
-                // Defence in depth: the object must be the pod asked for.
-                let (name, namespace) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref());
-                if name != Some(self.pod_ref.name.as_str()) || namespace.is_some_and(|ns| ns != self.pod_ref.namespace)
-                {
-                    let error = ApiError::Failed {
-                        verb: "get",
-                        resource: "pods".into(),
-                        scope: format!(" ({}/{})", self.pod_ref.namespace, self.pod_ref.name),
-                        message: format!(
-                            "the server answered with pod {}/{}",
-                            namespace.unwrap_or("?"),
-                            name.unwrap_or("?")
-                        ),
-                        code: None,
-                    };
-                    return self.apply(Input::PodFailed(error), step);
-                }
-                self.on_pod(*pod, step)
-            }
+            Input::Pod(pod) => match self.other_pod(&pod) {
+                Some(error) => return self.apply(Input::PodFailed(error), step),
+                None => self.on_pod(*pod, step),
+            },
             Input::PodFailed(error) => {
                 self.pod_pending = false;
                 if self.fatal(&error, step) {
@@ -297,23 +281,7 @@ impl Reconciler {
                 step.actions.push(Action::GetPod { after });
             }
             Input::Listed { scope, items, resource_version, decoded_with } => {
-                self.listing.remove(&scope);
-                if !self.store.has_scope(&scope) {
-                    return false;
-                }
-                let items = self.admit(&scope, items, step);
-                self.store.replace(&scope, items, resource_version);
-                self.errors.remove(&scope.to_string());
-                self.backoff.remove(&scope.to_string());
-                if scope.is_slices() {
-                    let with = decoded_with.unwrap_or_default();
-                    let stale = self.filter.as_ref().is_some_and(|f| !f.is_subset(&with));
-                    self.listed_with.insert(scope.clone(), with);
-                    if stale {
-                        // The filter grew while this list was under way.
-                        self.list(scope, Duration::ZERO, step);
-                    }
-                }
+                return self.on_listed(scope, items, resource_version, decoded_with, step);
             }
             Input::Applied { scope, item } => {
                 if let Some(item) = self.admit(&scope, vec![item], step).pop() {
@@ -335,28 +303,7 @@ impl Reconciler {
                 let after = self.trouble.next(Instant::now());
                 self.list(scope, after, step);
             }
-            Input::Failed { scope, error } => {
-                let was_watch = self.watching.remove(&scope);
-                self.listing.remove(&scope);
-                if self.fatal(&error, step) {
-                    return false;
-                }
-                let key = scope.to_string();
-                step.warnings.extend(self.warn_once(format!("{error}; retrying")));
-                self.errors.insert(key.clone(), error.to_string());
-                if !self.store.is_listed(&scope) {
-                    // The first list: retried quickly, start-up is waiting for it.
-                    let after = self.next_backoff(&key);
-                    self.list(scope, after, step);
-                } else if was_watch && error.is_watch() {
-                    // What the store holds is still good from its version: watch again, later.
-                    let after = self.trouble.next(Instant::now());
-                    self.watch_after.insert(scope, after);
-                } else {
-                    let after = self.trouble.next(Instant::now());
-                    self.list(scope, after, step);
-                }
-            }
+            Input::Failed { scope, error } => return self.on_failed(scope, error, step),
             Input::Deadline => {
                 // The deadline only bounds the way to the first ready tree.
                 if !self.ever_ready {
@@ -364,6 +311,75 @@ impl Reconciler {
                     return false;
                 }
             }
+        }
+        true
+    }
+
+    /// Defence in depth: the object must be the pod asked for.
+    fn other_pod(&self, pod: &Pod) -> Option<ApiError> {
+        let (name, namespace) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref());
+        if name == Some(self.pod_ref.name.as_str()) && namespace.is_none_or(|ns| ns == self.pod_ref.namespace) {
+            return None;
+        }
+        Some(ApiError::Failed {
+            verb: "get",
+            resource: "pods".into(),
+            scope: format!(" ({}/{})", self.pod_ref.namespace, self.pod_ref.name),
+            message: format!("the server answered with pod {}/{}", namespace.unwrap_or("?"), name.unwrap_or("?")),
+            code: None,
+        })
+    }
+
+    /// A whole list of a scope: it replaces what the store held.
+    fn on_listed(
+        &mut self,
+        scope: Scope,
+        items: Vec<Item>,
+        resource_version: String,
+        decoded_with: Option<DeviceFilter>,
+        step: &mut Step,
+    ) -> bool {
+        self.listing.remove(&scope);
+        if !self.store.has_scope(&scope) {
+            return false;
+        }
+        let items = self.admit(&scope, items, step);
+        self.store.replace(&scope, items, resource_version);
+        self.errors.remove(&scope.to_string());
+        self.backoff.remove(&scope.to_string());
+        if scope.is_slices() {
+            let with = decoded_with.unwrap_or_default();
+            let stale = self.filter.as_ref().is_some_and(|f| !f.is_subset(&with));
+            self.listed_with.insert(scope.clone(), with);
+            if stale {
+                // The filter grew while this list was under way.
+                self.list(scope, Duration::ZERO, step);
+            }
+        }
+        true
+    }
+
+    /// A list or watch of a scope failed: fatal, or retried after a delay.
+    fn on_failed(&mut self, scope: Scope, error: ApiError, step: &mut Step) -> bool {
+        let was_watch = self.watching.remove(&scope);
+        self.listing.remove(&scope);
+        if self.fatal(&error, step) {
+            return false;
+        }
+        let key = scope.to_string();
+        step.warnings.extend(self.warn_once(format!("{error}; retrying")));
+        self.errors.insert(key.clone(), error.to_string());
+        if !self.store.is_listed(&scope) {
+            // The first list: retried quickly, start-up is waiting for it.
+            let after = self.next_backoff(&key);
+            self.list(scope, after, step);
+        } else if was_watch && error.is_watch() {
+            // What the store holds is still good from its version: watch again, later.
+            let after = self.trouble.next(Instant::now());
+            self.watch_after.insert(scope, after);
+        } else {
+            let after = self.trouble.next(Instant::now());
+            self.list(scope, after, step);
         }
         true
     }
