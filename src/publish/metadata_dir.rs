@@ -261,6 +261,8 @@ pub fn read_generations(dir: &Path) -> Generations {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::metadata::build;
+    use serde_json::Value;
     use std::os::unix::fs::{MetadataExt, symlink};
 
     const A: &str = "resourceclaims/c/r/a.example.com-metadata.json";
@@ -268,6 +270,27 @@ mod tests {
 
     fn view(a: &str, b: &str) -> Tree {
         Tree::from_pairs(&[(A, a), (B, b)])
+    }
+
+    #[test]
+    fn generations_are_read_back_so_another_process_goes_on_counting() {
+        let res = crate::model::metadata::tests::example();
+        let (mut generations, mut warnings) = (Generations::default(), vec![]);
+        build(&res, &mut generations, &mut warnings);
+        let mut changed = res.clone();
+        changed.claims[0].devices[0].device = "other".into();
+        let next = build(&changed, &mut generations, &mut warnings);
+        let tmp = tempfile::tempdir().unwrap();
+        // Another process on the same directory goes on counting from it.
+        MetadataDir::new(tmp.path(), []).write(&next).unwrap();
+        let mut read_back = read_generations(tmp.path());
+        let same = build(&changed, &mut read_back, &mut warnings);
+        assert_eq!(same, next, "same content: the generation read back, not 1");
+        let again = build(&res, &mut read_back, &mut warnings);
+        let text = std::str::from_utf8(again.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap())
+            .unwrap();
+        let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(doc["metadata"]["generation"], 3);
     }
 
     #[test]
