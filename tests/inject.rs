@@ -196,3 +196,33 @@ fn inject_refuses_a_live_pod_and_names_its_owner() {
     );
     assert!(stdout(&out).is_empty());
 }
+
+/// Whether process `pid` handles SIGTERM (rather than dying of it).
+fn catches_sigterm(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
+#[test]
+fn a_signal_stops_inject_waiting_for_standard_input_like_any_command() {
+    let mut child = std::process::Command::new(drafs_bin())
+        .arg("inject")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Standard input stays open: inject waits for it.
+    let _stdin = child.stdin.take();
+    wait_until("drafs handles SIGTERM", std::time::Duration::from_secs(30), || catches_sigterm(child.id()));
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_output(child, std::time::Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopped by SIGTERM"), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "nothing half written");
+}
