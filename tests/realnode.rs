@@ -474,7 +474,8 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
 /// The FUSE mounts in the node's mount namespace whose mount point is under a
 /// pod's directory.
 fn fuse_mounts_of(node: &Node, uid: &str) -> Vec<String> {
-    node.mountinfo().lines().filter(|l| l.contains(" - fuse") && l.contains(uid)).map(str::to_string).collect()
+    node.mountinfo()
+        .lines().filter(|l| l.contains(" - fuse") && l.contains(uid)).map(str::to_string).collect()
 }
 
 /// The host PID of a pod's `drafs serve` process.
