@@ -1,27 +1,16 @@
 //! drafs: the attributes of a pod's DRA-allocated devices, as files.
+//!
+//! The folders are the layers, and a module uses only the layers below its own
+//! (docs/architecture.md):
+//!
+//! - [`cmd`]: one file per subcommand: flags to a checked config, wiring, exit code;
+//! - [`engine`]: follows the API server (the pure reconciler, its I/O half, the drive loop);
+//! - [`admission`]: adds drafs to pods (`inject`, the webhook, the RBAC manifests);
+//! - [`publish`]: writes what the engine resolved (files, FUSE, the standard view, metrics, Events);
+//! - [`model`]: the objects, their resolution and the tree, pure: no I/O.
 
 pub mod admission;
-pub mod api;
-pub mod app;
-pub mod cli;
-pub mod envvars;
-pub mod events;
-pub mod files;
-pub mod fsmodel;
-pub mod fuse;
-pub mod inject;
-pub mod layout;
-pub mod manifests;
-pub mod metadata;
-pub mod metadata_dir;
-pub mod metrics;
-pub mod names;
-pub mod objects;
-pub mod reconcile;
-pub mod resolve;
-pub mod slices;
-pub mod source;
-pub mod store;
-pub mod supervisor;
-pub mod tree;
-pub mod webhook;
+pub mod cmd;
+pub mod engine;
+pub mod model;
+pub mod publish;

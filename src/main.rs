@@ -1,11 +1,12 @@
-//! drafs: entry point. Parses flags, sets up logging and the runtime, runs one
-//! command, and turns its outcome into an exit code.
+//! drafs: entry point. Parses flags, checks them into a command's config, sets
+//! up logging and the runtime, runs the command, and turns its outcome into an
+//! exit code.
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use drafs::app::{self, Failure};
-use drafs::cli::{Backend, Cli, Command, LogFormat, ManifestsCommand};
+use drafs::cmd::cli::{Cli, Command, LogFormat};
+use drafs::cmd::{self, Config, Failure, Stop};
 
 fn init_tracing(format: LogFormat, default_level: &str) {
     // DRAFS_LOG wins over RUST_LOG; both take tracing's env-filter syntax.
@@ -29,16 +30,17 @@ fn main() {
         Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) => "warn",
         _ => "info",
     };
-    init_tracing(cli.global.log_format, default_level);
+    let log_format = cli.global.log_format;
+    init_tracing(log_format, default_level);
+    // Flags are checked before anything starts: a bad combination is exit 2.
+    let config = Config::from_command(&cli.command).unwrap_or_else(|failure| exit(log_format, Err(failure)));
 
     // A FUSE server runs under a supervisor that unmounts its tree if it is
     // killed; forked here, while the process still has one thread.
-    if let Command::Serve(args) = &cli.command
-        && args.backend == Backend::Fuse
-    {
-        match drafs::supervisor::fork_server(&args.output.dir) {
-            Ok(drafs::supervisor::Role::Server) => {}
-            Ok(drafs::supervisor::Role::Done(code)) => std::process::exit(code),
+    if let Some(dir) = config.fuse_dir() {
+        match drafs::publish::supervisor::fork_server(dir) {
+            Ok(drafs::publish::supervisor::Role::Server) => {}
+            Ok(drafs::publish::supervisor::Role::Done(code)) => std::process::exit(code),
             Err(e) => {
                 eprintln!("drafs: cannot start the FUSE server: {e}");
                 std::process::exit(1);
@@ -53,68 +55,28 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let outcome: Result<(), Failure> = runtime.block_on(async {
-        // The webhook drains its reviews in flight on a signal, so it gets the
-        // signal instead of being dropped.
-        if let Command::Webhook(args) = &cli.command {
-            return app::webhook(args, async {
-                let signal = shutdown_signal().await;
-                tracing::info!("{signal}: stopping");
-            })
-            .await;
-        }
-        let work = async {
-            match &cli.command {
-                Command::Init(args) => app::init(args).await,
-                Command::Serve(args) => app::serve(args).await,
-                Command::Probe(args) => app::probe(args),
-                Command::Unmount(args) => {
-                    drafs::fuse::unmount_ours(&args.dir).map_err(|e| Failure::Failed(e.to_string()))
-                }
-                Command::Get(args) => app::get(args).await,
-                Command::Exec(args) => app::exec(args).await,
-                Command::CopySelf(args) => app::copy_self(args),
-                Command::Inject(args) => app::inject(args),
-                Command::Manifests(ManifestsCommand::Rbac(args)) => app::manifests_rbac(args),
-                Command::Webhook(_) => unreachable!("served above"),
-            }
-        };
-        // On a signal the command's future is dropped, which unmounts a FUSE tree.
-        tokio::select! {
-            result = work => result,
-            signal = shutdown_signal() => match cli.command {
-                Command::Serve(_) => {
-                    tracing::info!("{signal}: stopping");
-                    Ok(())
-                }
-                _ => Err(Failure::Failed(format!("stopped by {signal}"))),
-            },
-        }
+    // The signal handlers are in place before the command starts; what a
+    // signal means is the command's to say (drain, unmount, or fail).
+    let outcome = runtime.block_on(async {
+        let stop = Stop::install();
+        cmd::run(config, stop).await
     });
-    // Exit without waiting for the runtime to wind down its idle connections and
-    // threads: the outputs are complete, and an init container's exit is what
-    // starts the app.
+    exit(log_format, outcome)
+}
+
+/// Exit without waiting for the runtime to wind down its idle connections and
+/// threads: the outputs are complete, and an init container's exit is what
+/// starts the app.
+fn exit(log_format: LogFormat, outcome: Result<(), Failure>) -> ! {
     let _ = std::io::Write::flush(&mut std::io::stdout());
     match outcome {
         Ok(()) => std::process::exit(0),
         Err(failure) => {
-            match cli.global.log_format {
+            match log_format {
                 LogFormat::Json => tracing::error!("{failure}"),
                 LogFormat::Text => eprintln!("drafs: {failure}"),
             }
             std::process::exit(failure.exit_code());
         }
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT, naming the signal.
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
     }
 }

@@ -1,15 +1,25 @@
 //! The engine against the test API server: the I/O half in process (the engine
-//! and the reconciler, without spawning the binary), then the binary's serve
-//! loop under failing watches, pool republishes and bursts of changes.
+//! and the reconciler, without spawning the binary), then the drive loop in
+//! process (the engine, the reconciler and the outputs, as `init`, `serve` and
+//! `get` run them), then the binary's serve loop under failing watches, pool
+//! republishes and bursts of changes.
 
 mod support;
 
 use std::time::Duration;
 
-use drafs::api::{EngineError, PodRef};
-use drafs::reconcile::{Input, Mode, Reconciler, Step};
-use drafs::resolve::{Resolution, Selection};
-use drafs::source::Engine;
+use drafs::engine::{EngineError, PodRef};
+use std::path::Path;
+use std::sync::Arc;
+
+use drafs::engine::drive::{DriveError, drive, resolve_once};
+use drafs::engine::reconcile::{Input, Mode, Reconciler, Step};
+use drafs::engine::source::Engine;
+use drafs::model::resolve::{Resolution, Selection};
+use drafs::publish::events::Events;
+use drafs::publish::files::AtomicDir;
+use drafs::publish::metrics::Metrics;
+use drafs::publish::outputs::{Outputs, Publisher, TreeOutput};
 use serde_json::json;
 use support::*;
 use tokio::time::Instant;
@@ -178,6 +188,179 @@ fn a_silent_watch_is_restarted() {
         }
         assert!(restarts.iter().all(|r| r.contains("silent for 300 ms")), "{restarts:?}");
         assert_eq!(api.requests().iter().filter(|r| r.verb == "list").count(), 2, "no relist");
+    })
+}
+
+// The drive loop in process.
+
+/// A run of pod ml/p as `init` (`UntilReady`) or `serve` (`Follow`) wires it:
+/// files written into `dir`, counted into `metrics`, no Events.
+struct Run {
+    metrics: Arc<Metrics>,
+    outputs: Outputs,
+    engine: Engine,
+    reconciler: Reconciler,
+}
+
+impl Run {
+    async fn new(env: &Env, dir: &Path, mode: Mode, deadline: Option<Instant>) -> Run {
+        let metrics = Arc::new(Metrics::default());
+        let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None, &[]).unwrap();
+        let outputs = Outputs::new(publisher, metrics.clone(), Events::none(), dir);
+        let engine = Engine::new(client(env).await, pod_ref("ml", "p"), deadline);
+        let reconciler = Reconciler::new(mode, pod_ref("ml", "p"), Selection::default(), vec![]);
+        Run { metrics, outputs, engine, reconciler }
+    }
+
+    async fn drive(&mut self, fail_on_output_error: bool) -> Result<Resolution, DriveError> {
+        drive(&mut self.engine, &mut self.reconciler, Some(&mut self.outputs), fail_on_output_error).await
+    }
+
+    /// Drive a following run until `reader` is done (a test failure if the run ends first).
+    async fn follow_until(&mut self, reader: impl std::future::Future<Output = ()>) {
+        tokio::select! {
+            result = self.drive(false) => panic!("a following run ended: {:?}", result.err()),
+            () = reader => {}
+        }
+    }
+}
+
+/// Pod ml/p whose claim `gpu` (ResourceClaim c) is not allocated.
+fn unallocated(api: &TestApi) {
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", None));
+}
+
+/// A file of the tree at `dir`, as a reader sees it.
+fn file(dir: &Path, rel: &str) -> Option<String> {
+    std::fs::read_to_string(dir.join(rel)).ok()
+}
+
+/// Until the file `rel` under `dir` reads `want` (a test failure after 30 s).
+async fn until_file(dir: &Path, rel: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while file(dir, rel).as_deref() != Some(want) {
+        assert!(Instant::now() < deadline, "{rel} is {:?}, not {want:?}", file(dir, rel));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn metric(metrics: &Metrics, name: &str) -> u64 {
+    let text = metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn drive_until_ready_writes_the_tree_before_it_returns() {
+    let api = api_for("ml");
+    one_gpu(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+
+    block_on(async {
+        let mut run = Run::new(&env, &dir, Mode::UntilReady, None).await;
+        let res = run.drive(true).await.unwrap();
+        let metrics = &run.metrics;
+        assert!(res.is_complete());
+        // Written (not merely submitted) when drive returns: an init container may exit.
+        assert_eq!(file(&dir, "gpu/gpu/0/uuid").as_deref(), Some("U0"));
+        assert!(dir.join(".ready").exists());
+        assert!(metrics.is_ready());
+        assert_eq!(metric(metrics, "drafs_tree_updates_total"), 1);
+    })
+}
+
+#[test]
+fn drive_follows_a_live_update_to_the_bytes_a_reader_sees() {
+    let api = api_for("ml");
+    one_gpu(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+
+    block_on(async {
+        let mut run = Run::new(&env, &dir, Mode::Follow, None).await;
+        let metrics = run.metrics.clone();
+        let reader = async {
+            until_file(&dir, "gpu/gpu/0/uuid", "U0").await;
+            set_uuid(&api, "U1");
+            until_file(&dir, "gpu/gpu/0/uuid", "U1").await;
+            // Counted once the write is done, just after the reader could see it.
+            while metric(&metrics, "drafs_tree_updates_total") < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        run.follow_until(reader).await;
+        assert!(dir.join(".ready").exists(), "still ready");
+        assert_eq!(metric(&metrics, "drafs_tree_updates_total"), 2);
+        let watches = api.requests().iter().filter(|r| r.verb == "watch").count();
+        assert!(watches >= 1, "the update came by a watch");
+    })
+}
+
+#[test]
+fn drive_coalesces_a_burst_into_few_writes() {
+    const CHANGES: usize = 300;
+    let api = api_for("ml");
+    eight_device_pod(&api);
+    eight_device_slice(&api, 0);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+
+    block_on(async {
+        let mut run = Run::new(&env, &dir, Mode::Follow, None).await;
+        let metrics = run.metrics.clone();
+        let mut before = 0;
+        let burst = async {
+            until_file(&dir, "gpu/gpu/0/attr0", "value-0-0-0").await;
+            before = metric(&metrics, "drafs_tree_updates_total");
+            for generation in 1..=CHANGES {
+                eight_device_slice(&api, generation);
+            }
+            until_file(&dir, "gpu/gpu/7/attr29", &format!("value-7-29-{CHANGES}")).await;
+        };
+        run.follow_until(burst).await;
+        let writes = metric(&metrics, "drafs_tree_updates_total") - before;
+        assert!(writes <= (CHANGES / 10) as u64, "{writes} tree writes for {CHANGES} changes");
+    })
+}
+
+#[test]
+fn resolve_once_says_what_is_missing_without_waiting() {
+    let api = api_for("ml");
+    unallocated(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+
+    block_on(async {
+        let started = Instant::now();
+        let res = resolve_once(client(&env).await, pod_ref("ml", "p"), Selection::default(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(!res.is_complete());
+        assert!(!res.missing.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(10), "did not wait for the allocation");
+        assert!(api.requests().iter().all(|r| r.verb != "watch"), "nothing followed");
+    })
+}
+
+#[test]
+fn drive_past_its_deadline_fails_with_what_is_missing_and_writes_nothing() {
+    let api = api_for("ml");
+    unallocated(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+
+    block_on(async {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut run = Run::new(&env, &dir, Mode::UntilReady, Some(deadline)).await;
+        let result = tokio::time::timeout(Duration::from_secs(20), run.drive(true)).await.unwrap();
+        let Err(DriveError::Engine(EngineError::Timeout { waiting_for })) = result else {
+            panic!("{:?}", result.err())
+        };
+        assert!(!waiting_for.is_empty());
+        assert!(!dir.join(".ready").exists(), "not ready");
+        assert!(!run.metrics.is_ready());
     })
 }
 

@@ -621,6 +621,28 @@ fn bad_flags_exit_with_usage_code() {
 }
 
 #[test]
+fn a_pod_that_cannot_be_named_is_a_usage_error_before_anything_starts() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tree = scratch.path().join("dra");
+    let log = scratch.path().join("termination-log");
+    std::fs::write(&log, "").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    for command in ["init", "serve"] {
+        let mut args = vec![command, "--dir", tree.to_str().unwrap(), "--metrics-addr", &addr];
+        args.extend(["--termination-log", log.to_str().unwrap()]);
+        if command == "serve" {
+            args.extend(["--backend", "files"]);
+        }
+        // No POD_NAME, no HOSTNAME, no credentials.
+        let out = std::process::Command::new(drafs_bin()).args(&args).env_clear().output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        assert!(stderr(&out).contains("cannot tell which pod to read"), "{}", stderr(&out));
+        assert!(!tree.exists(), "{command}: nothing written");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "a usage error is not a pod's failure");
+    }
+}
+
+#[test]
 fn overlapping_dir_and_metadata_dir_are_refused_before_anything_is_written() {
     let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let fixture = repo_path("examples/offline/gpu-training.yaml");

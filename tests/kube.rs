@@ -210,7 +210,7 @@ fn a_missing_rbac_verb_fails_at_once_with_the_403_message() {
     // The shipped RBAC without `list` on ResourceSlices.
     // (A ClusterRole of its own: the shared one is the shipped one.)
     let own_role = format!("drafs-resourceslices-{}", sc.namespace);
-    let mut docs = drafs::manifests::rbac(&sc.namespace, "drafs", true);
+    let mut docs = drafs::admission::manifests::rbac(&sc.namespace, "drafs", true);
     for doc in &mut docs {
         if doc["kind"] == "ClusterRole" {
             doc["metadata"]["name"] = json!(own_role);
@@ -220,7 +220,7 @@ fn a_missing_rbac_verb_fails_at_once_with_the_403_message() {
             doc["roleRef"]["name"] = json!(own_role);
         }
     }
-    sc.create_rbac(&drafs::manifests::to_yaml(&docs).unwrap());
+    sc.create_rbac(&drafs::admission::manifests::to_yaml(&docs).unwrap());
     sc.create_all_after_rbac();
     let dir = sc.path("dra");
     let started = std::time::Instant::now();
@@ -604,17 +604,17 @@ fn kubectl_reads_an_injected_manifest_as_the_input_plus_drafs() {
     assert_eq!(spec["containers"][0]["volumeMounts"][0]["readOnly"], true);
     assert_eq!(before[2]["data"]["true"], "a key that YAML 1.1 reads as true");
     for (mode, m) in [
-        ("init", drafs::inject::Mode::Init),
-        ("sidecar-files", drafs::inject::Mode::SidecarFiles),
-        ("sidecar-fuse", drafs::inject::Mode::SidecarFuse),
+        ("init", drafs::admission::inject::Mode::Init),
+        ("sidecar-files", drafs::admission::inject::Mode::SidecarFiles),
+        ("sidecar-fuse", drafs::admission::inject::Mode::SidecarFuse),
     ] {
         let output = scratch.path().join(format!("{mode}.yaml"));
         std::fs::write(&output, inject_text(mode, &read("tests/inject/scalars.yaml"))).unwrap();
         let after = kubectl_reads(cp, &output);
-        let opts = drafs::inject::Options::new(m, "registry.example/drafs:test");
+        let opts = drafs::admission::inject::Options::new(m, "registry.example/drafs:test");
         let mut expected = before.clone();
         for object in &mut expected {
-            drafs::inject::inject_value(object, &opts, &mut Vec::new()).unwrap();
+            drafs::admission::inject::inject_value(object, &opts, &mut Vec::new()).unwrap();
         }
         assert_eq!(after.len(), expected.len());
         for (a, e) in after.iter().zip(&expected) {

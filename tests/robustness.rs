@@ -3,9 +3,9 @@
 
 mod support;
 
-use drafs::objects::FileObjects;
-use drafs::resolve::{Selection, resolve};
-use drafs::tree::{self, is_clean_relative};
+use drafs::model::objects::FileObjects;
+use drafs::model::resolve::{Selection, resolve};
+use drafs::model::tree::{self, is_clean_relative};
 use support::read;
 
 /// A small deterministic generator (no dependency, reproducible failures).
@@ -97,7 +97,7 @@ fn mangled_objects_never_panic_or_escape() {
 #[test]
 fn mangled_manifests_never_panic_inject() {
     let mut rng = Lcg(0xfeed);
-    let mut opts = drafs::inject::Options::new(drafs::inject::Mode::SidecarFuse, "drafs:test");
+    let mut opts = drafs::admission::inject::Options::new(drafs::admission::inject::Mode::SidecarFuse, "drafs:test");
     opts.metadata_dir = Some("/var/run/kubernetes.io/dra-device-attributes".into());
     for file in
         ["tests/inject/workloads.yaml", "tests/inject/deployment.yaml", "examples/gpu-sidecar-files/30-pod.yaml"]
@@ -105,14 +105,17 @@ fn mangled_manifests_never_panic_inject() {
         let text = read(file);
         for round in 0..300 {
             let input = mangle(&text, &mut rng);
-            let result = std::panic::catch_unwind(|| drafs::inject::inject(&input, &opts).map(|(out, _)| out));
+            let result =
+                std::panic::catch_unwind(|| drafs::admission::inject::inject(&input, &opts).map(|(out, _)| out));
             let Ok(result) = result else { panic!("{file} round {round} panicked on:\n{input}") };
             // What parses is written so that it reads back as meant (inject checks
             // it): an input drafs reads is never one it cannot write.
             match &result {
-                Err(e @ drafs::inject::InjectError::Write(_)) => panic!("{file} round {round}: {e}\non:\n{input}"),
+                Err(e @ drafs::admission::inject::InjectError::Write(_)) => {
+                    panic!("{file} round {round}: {e}\non:\n{input}")
+                }
                 Ok(out) => {
-                    let again = drafs::inject::inject(out, &opts).map(|(again, _)| again);
+                    let again = drafs::admission::inject::inject(out, &opts).map(|(again, _)| again);
                     assert_eq!(again.as_ref().ok(), Some(out), "{file} round {round}: injecting twice differs");
                 }
                 Err(_) => {}

@@ -89,7 +89,7 @@ fn raw_tls(addr: std::net::SocketAddr, ca: &std::path::Path, bytes: &[u8]) -> St
 }
 
 fn webhook_max_body() -> usize {
-    drafs::webhook::MAX_BODY
+    drafs::admission::webhook::MAX_BODY
 }
 
 #[test]
@@ -244,7 +244,7 @@ fn idle_connections_never_lock_a_client_out() {
             idle_tls.push(connect(hook.addr, config.clone()).await.unwrap());
         }
         let mut idle = Vec::new();
-        for _ in 0..drafs::webhook::MAX_CONNECTIONS + 16 {
+        for _ in 0..drafs::admission::webhook::MAX_CONNECTIONS + 16 {
             idle.push(tokio::net::TcpStream::connect(hook.addr).await.unwrap());
         }
         // A new client still gets its handshake and its answer, while they
@@ -318,8 +318,8 @@ fn a_pod_too_large_to_read_is_denied_and_a_crafted_8_mib_body_is_answered() {
     let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(message.contains("too large for the drafs webhook"), "{message}");
     // Four million zeros where drafs never looks, as many as 8 MiB holds.
-    let crafted = zeros_review(((drafs::webhook::MAX_BODY) - zeros_review(1).len()) / 2 + 1);
-    assert!(crafted.len() <= drafs::webhook::MAX_BODY);
+    let crafted = zeros_review(((drafs::admission::webhook::MAX_BODY) - zeros_review(1).len()) / 2 + 1);
+    assert!(crafted.len() <= drafs::admission::webhook::MAX_BODY);
     let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &crafted).unwrap();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body[..body.len().min(200)]));
     assert!(patched(&body));
@@ -408,9 +408,13 @@ fn the_shipped_manifests_fit_the_drain_the_names_and_the_ports() {
         yaml_docs(&read("deploy/webhook/certificate.yaml")).into_iter().find(|d| d["kind"] == "Certificate").unwrap();
     assert!(certificate["spec"]["dnsNames"].as_array().unwrap().contains(&json!(host)));
     assert!(read("deploy/webhook/manual/certs.sh").contains(&format!("service={host}\n")));
-    let drain = drafs::cli::parse_duration(arg("--drain=").unwrap()).unwrap();
+    let drain = drafs::cmd::cli::parse_duration(arg("--drain=").unwrap()).unwrap();
     let grace = Duration::from_secs(pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap());
-    assert!(drain + drafs::webhook::FINISH < grace, "{drain:?} + {:?} >= {grace:?}", drafs::webhook::FINISH);
+    assert!(
+        drain + drafs::admission::webhook::FINISH < grace,
+        "{drain:?} + {:?} >= {grace:?}",
+        drafs::admission::webhook::FINISH
+    );
 
     let policy = yaml_docs(&read("deploy/webhook/networkpolicy.yaml")).remove(0);
     assert_eq!(policy["metadata"]["namespace"], deployment["metadata"]["namespace"]);

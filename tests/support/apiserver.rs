@@ -917,3 +917,16 @@ fn watch_response(
         .body(StreamBody::new(stream).boxed())
         .unwrap()
 }
+
+/// The number of sequential round trips among the reads (GET, LIST): the longest
+/// chain of reads each sent only after the previous one was answered.
+pub fn sequential_round_trips(requests: &[RequestRecord]) -> usize {
+    let mut reads: Vec<&RequestRecord> = requests.iter().filter(|r| r.verb == "get" || r.verb == "list").collect();
+    reads.sort_by_key(|r| r.started);
+    let mut depth: Vec<usize> = Vec::with_capacity(reads.len());
+    for (i, r) in reads.iter().enumerate() {
+        let before = (0..i).filter(|&j| reads[j].at <= r.started).map(|j| depth[j]).max().unwrap_or(0);
+        depth.push(before + 1);
+    }
+    depth.into_iter().max().unwrap_or(0)
+}

@@ -1,0 +1,335 @@
+//! Command line and environment: every flag can also be set by an env variable,
+//! so a pod manifest can configure drafs without touching its args.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::admission::inject::Mode;
+use crate::model::envvars::EnvSpec;
+use crate::model::names::is_dns_label;
+pub use crate::model::names::{parse_driver_name, parse_duration};
+use crate::model::tree::RequirePath;
+pub use crate::publish::events::EventsMode;
+
+#[derive(Debug, Parser)]
+#[command(name = "drafs", version, about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Log format.
+    #[arg(long, env = "DRAFS_LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Which pod, and where its objects come from (for the commands that resolve).
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Name of the pod to resolve (set it from the downward API: metadata.name). Default: $HOSTNAME.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Namespace of the pod (downward API: metadata.namespace). Default: the service account's
+    /// namespace in a pod, the kubeconfig context's elsewhere.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Read the Pod, ResourceClaims and ResourceSlices from this YAML/JSON file instead of the API.
+    #[arg(long, env = "DRAFS_FROM_FILE", value_name = "FILE")]
+    pub from_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Resolve, write the tree, exit 0 once everything asked for is there (init container).
+    Init(InitArgs),
+    /// Serve the tree and keep it current (native sidecar), through FUSE or atomically written files.
+    Serve(ServeArgs),
+    /// Exit 0 if the tree at --dir is there and ready, 1 otherwise (startupProbe/readinessProbe).
+    Probe(ProbeArgs),
+    /// Unmount a FUSE tree at --dir (lazily if files are open); for a preStop hook.
+    Unmount(ProbeArgs),
+    /// Set environment variables from device values and run a command in place of drafs.
+    Exec(ExecArgs),
+    /// Copy this static binary into a directory (a shared emptyDir), to use as an entrypoint wrapper.
+    CopySelf(CopySelfArgs),
+    /// Print Kubernetes manifests drafs needs (`drafs manifests rbac --namespace NS | kubectl apply -f -`).
+    #[command(subcommand)]
+    Manifests(ManifestsCommand),
+    /// Add drafs to Pod/Deployment/StatefulSet/Job/DaemonSet manifests (files, directories or stdin); print them.
+    Inject(InjectArgs),
+    /// Resolve once and print the devices and their attributes.
+    Get(GetArgs),
+    /// Serve the mutating admission webhook that injects drafs into pods labelled drafs.dev/inject.
+    Webhook(WebhookArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Address to serve the webhook on (TLS).
+    #[arg(long, env = "DRAFS_WEBHOOK_ADDR", default_value = "0.0.0.0:8443", value_name = "ADDR")]
+    pub addr: std::net::SocketAddr,
+    /// PEM certificate chain for the webhook's Service name; reloaded when the file changes.
+    #[arg(long, env = "DRAFS_TLS_CERT", value_name = "FILE", default_value = "/etc/drafs/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the certificate; reloaded when the file changes.
+    #[arg(long, env = "DRAFS_TLS_KEY", value_name = "FILE", default_value = "/etc/drafs/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// The drafs image the injected container runs (the image your nodes pull, e.g. registry.example/drafs:0.1.0).
+    #[arg(long, env = "DRAFS_IMAGE", value_name = "IMAGE", value_parser = parse_image)]
+    pub image: String,
+    /// Serve /metrics, /healthz and /readyz over plain HTTP on this address; off by default.
+    #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// After SIGTERM, go on answering for this long (/readyz answers 503), then close the port
+    /// (keep it under the pod's terminationGracePeriodSeconds minus 10 s).
+    #[arg(long, env = "DRAFS_WEBHOOK_DRAIN", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub drain: std::time::Duration,
+    /// A name the serving certificate must be valid for, e.g. the Service's
+    /// drafs-webhook.drafs-system.svc (repeatable); a certificate that is not is refused.
+    #[arg(long = "dns-name", env = "DRAFS_WEBHOOK_DNS_NAMES", value_name = "NAME", value_delimiter = ',')]
+    pub dns_names: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InjectArgs {
+    /// Manifests to read: files, directories (their .yaml, .yml and .json files) or - for standard input.
+    /// Standard input when none is given.
+    #[arg(value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Also a manifest to read, as with kubectl and linkerd (repeatable).
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
+    pub filenames: Vec<PathBuf>,
+    /// How drafs runs in the pod.
+    #[arg(long, value_enum, default_value_t = Mode::Init)]
+    pub mode: Mode,
+    /// The drafs image to use (push the image to a registry your nodes pull from and name it here).
+    #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")), value_parser = parse_image)]
+    pub image: String,
+    /// Where the tree is mounted in the containers.
+    #[arg(long, default_value = "/dra", value_parser = parse_container_path)]
+    pub dir: String,
+    /// Also write the standard KEP-5304 view here, mounted read-only in every container that uses a claim
+    /// (e.g. /var/run/kubernetes.io/dra-device-attributes).
+    #[arg(long, value_name = "DIR", value_parser = parse_container_path)]
+    pub metadata_dir: Option<String>,
+    /// Passed to drafs: a driver that writes its own standard metadata files, left to it (repeatable).
+    #[arg(long = "metadata-from-driver", value_name = "DRIVER", requires = "metadata_dir", value_parser = parse_driver_name)]
+    pub metadata_from_drivers: Vec<String>,
+    /// Passed to drafs: not ready until this path exists, CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable).
+    #[arg(long = "require", value_name = "PATH")]
+    pub require: Vec<RequirePath>,
+    /// Passed to drafs: how long to wait for everything asked for (its default: 5m).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// An image reference: not empty, no spaces or control characters.
+fn parse_image(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > 1024 || !text.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!("{text:?} is not an image reference (e.g. registry.example/drafs:0.1.0)"));
+    }
+    Ok(text.to_string())
+}
+
+/// A container path for drafs's files.
+fn parse_container_path(text: &str) -> Result<String, String> {
+    crate::admission::inject::check_container_path(text).map(|()| text.to_string()).map_err(|p| format!("{text:?} {p}"))
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// NAME=CLAIM/REQUEST/INDEX/ATTRIBUTE, or NAME=CLAIM/REQUEST/ATTRIBUTE for all devices joined with ','.
+    #[arg(long = "env", env = "DRAFS_ENV", value_delimiter = ',', required = true, value_name = "NAME=PATH")]
+    pub env: Vec<EnvSpec>,
+    /// Read values from a tree written by `init` or served by `serve`, instead of asking the API.
+    #[arg(long, env = "DRAFS_FROM_DIR", value_name = "DIR")]
+    pub from_dir: Option<PathBuf>,
+    /// Leave a variable unset when its value is missing, instead of failing.
+    #[arg(long, env = "DRAFS_OPTIONAL")]
+    pub optional: bool,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ManifestsCommand {
+    /// The least-privilege RBAC for drafs in one namespace (installing it for several never collides).
+    Rbac(RbacArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// The namespace of the pods that run drafs.
+    #[arg(long, short = 'n', value_parser = parse_namespace)]
+    pub namespace: String,
+    /// The service account the pods run drafs as.
+    #[arg(long, default_value = "drafs", value_parser = parse_namespace)]
+    pub service_account: String,
+    /// Also let drafs record Events on its pod (create events), for `kubectl describe pod`.
+    #[arg(long)]
+    pub events: bool,
+}
+
+/// A DNS label, as namespace and service account names are.
+fn parse_namespace(text: &str) -> Result<String, String> {
+    if is_dns_label(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a valid name (a DNS label: lowercase letters, digits and '-', at most 63)"))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CopySelfArgs {
+    /// Directory to copy the binary into (as `drafs`).
+    #[arg(long, env = "DRAFS_COPY_TO", value_name = "DIR")]
+    pub to: PathBuf,
+}
+
+/// Where and how the tree is published.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Directory for the tree (an emptyDir shared with the app).
+    #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
+    pub dir: PathBuf,
+    /// Also write the standard KEP-5304 metadata files here (mount it at /var/run/kubernetes.io/dra-device-attributes).
+    #[arg(long, env = "DRAFS_METADATA_DIR", value_name = "DIR")]
+    pub metadata_dir: Option<PathBuf>,
+    /// A driver that writes its own standard metadata files (KEP-5304 opt-in): drafs leaves its files to it and
+    /// only makes their mount points (repeatable; env: comma-separated).
+    #[arg(long = "metadata-from-driver", env = "DRAFS_METADATA_FROM_DRIVERS", value_delimiter = ',',
+          value_name = "DRIVER", requires = "metadata_dir", value_parser = parse_driver_name)]
+    pub metadata_from_drivers: Vec<String>,
+    /// Not ready until this path exists: CLAIM/REQUEST/INDEX/ATTRIBUTE (repeatable; env: comma-separated).
+    #[arg(long = "require", env = "DRAFS_REQUIRE", value_delimiter = ',', value_name = "PATH")]
+    pub require: Vec<RequirePath>,
+    /// Where to write the failure message so that `kubectl describe pod` shows it.
+    #[arg(long, env = "DRAFS_TERMINATION_LOG", default_value = "/dev/termination-log", value_name = "FILE")]
+    pub termination_log: PathBuf,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090); off by default.
+    #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Which Kubernetes Events to record on the pod: warnings (not ready by the deadline, values lost),
+    /// all (also a Normal event once ready, one more request), or none. Needs the optional events Role.
+    #[arg(long, env = "DRAFS_EVENTS", value_enum, default_value_t = EventsMode::Warnings, value_name = "WHICH")]
+    pub events: EventsMode,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// How the tree is served: a live FUSE mount, or files rewritten atomically (no privileges).
+    #[arg(long, env = "DRAFS_BACKEND", value_enum, default_value_t = Backend::Fuse)]
+    pub backend: Backend,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Fuse,
+    Files,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The tree's directory.
+    #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
+    pub dir: PathBuf,
+}
+
+/// What to resolve.
+#[derive(Debug, Args)]
+pub struct SelectArgs {
+    /// Only these pod claims (repeatable; env: comma-separated).
+    #[arg(long = "claim", env = "DRAFS_CLAIMS", value_delimiter = ',', value_name = "NAME")]
+    pub claims: Vec<String>,
+    /// How long to wait for the API and for everything asked for, e.g. 90s, 5m, 1h (0: no limit).
+    #[arg(long, env = "DRAFS_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// One row per attribute, capacity and status value.
+    Table,
+    /// The whole resolution (the tree's `.json`).
+    Json,
+    /// Every file of the tree with its content, as `init` would write it.
+    Tree,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "drafs",
+            "init",
+            "--dir",
+            "/x",
+            "--claim",
+            "gpu",
+            "--require",
+            "gpu/gpu/0/uuid",
+            "--timeout",
+            "10s",
+        ])
+        .unwrap();
+        let Command::Init(args) = cli.command else { panic!("not init") };
+        assert_eq!(args.output.dir, PathBuf::from("/x"));
+        assert_eq!(args.select.claims, vec!["gpu"]);
+        assert_eq!(args.select.timeout, Duration::from_secs(10));
+        assert!(Cli::try_parse_from(["drafs", "init", "--require", "../x"]).is_err());
+        // Flags are declared only where they mean something.
+        assert!(Cli::try_parse_from(["drafs", "probe", "--from-file", "x.yaml"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "inject", "--pod-name", "p"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "unmount", "--pod-namespace", "ns"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "copy-self", "--to", "/x", "--from-file", "f"]).is_err());
+        assert!(Cli::try_parse_from(["drafs", "get", "--from-file", "f", "--pod-name", "p"]).is_ok());
+        assert!(Cli::try_parse_from(["drafs", "probe", "--log-format", "json"]).is_ok());
+    }
+}

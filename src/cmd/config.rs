@@ -1,0 +1,127 @@
+//! The flags several commands share, checked and resolved once, before any
+//! I/O: a bad combination is a usage error (exit 2) before anything starts,
+//! and the code below `cmd` never sees a flag.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cmd::Failure;
+use crate::cmd::cli::{OutputArgs, SelectArgs, SourceArgs};
+use crate::model::resolve::Selection;
+use crate::model::tree::RequirePath;
+use crate::publish::events::EventsMode;
+
+const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Where the pod's objects come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file of objects (`-`: standard input), and which of its pods.
+    File { path: PathBuf, pod_name: Option<String> },
+    /// The API server, with the cluster's credentials.
+    Api {
+        pod_name: String,
+        /// None: the kubeconfig context's.
+        namespace: Option<String>,
+    },
+}
+
+impl Source {
+    pub fn from_args(args: &SourceArgs) -> Result<Self, Failure> {
+        if let Some(path) = &args.from_file {
+            return Ok(Source::File { path: path.clone(), pod_name: args.pod_name.clone() });
+        }
+        let pod_name =
+            args.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
+                || {
+                    Failure::Usage(
+                        "cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into(),
+                    )
+                },
+            )?;
+        let namespace = args
+            .pod_namespace
+            .clone()
+            .or_else(|| std::fs::read_to_string(SA_NAMESPACE_FILE).ok().map(|s| s.trim().to_string()));
+        Ok(Source::Api { pod_name, namespace })
+    }
+}
+
+/// What to resolve and how long to wait for it.
+#[derive(Debug, Clone)]
+pub struct Select {
+    pub selection: Selection,
+    /// Zero: no limit.
+    pub timeout: Duration,
+}
+
+impl Select {
+    pub fn from_args(args: &SelectArgs) -> Self {
+        Select { selection: Selection { claims: args.claims.clone() }, timeout: args.timeout }
+    }
+}
+
+/// Where and how `init` and `serve` publish.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub dir: PathBuf,
+    pub metadata_dir: Option<PathBuf>,
+    pub metadata_from_drivers: Vec<String>,
+    pub require: Vec<RequirePath>,
+    pub termination_log: PathBuf,
+    pub metrics_addr: Option<SocketAddr>,
+    pub events: EventsMode,
+}
+
+impl Output {
+    pub fn from_args(args: &OutputArgs) -> Result<Self, Failure> {
+        check_output_dirs(&args.dir, args.metadata_dir.as_deref())?;
+        Ok(Output {
+            dir: args.dir.clone(),
+            metadata_dir: args.metadata_dir.clone(),
+            metadata_from_drivers: args.metadata_from_drivers.clone(),
+            require: args.require.clone(),
+            termination_log: args.termination_log.clone(),
+            metrics_addr: args.metrics_addr,
+            events: args.events,
+        })
+    }
+}
+
+/// `--dir` and `--metadata-dir` must not hold one another: each writer owns its
+/// directory's top-level names, so one would hide or refuse the other's files.
+fn check_output_dirs(dir: &Path, meta: Option<&Path>) -> Result<(), Failure> {
+    let Some(meta) = meta else { return Ok(()) };
+    let (a, b) = (real_path(dir), real_path(meta));
+    if a.starts_with(&b) || b.starts_with(&a) {
+        return Err(Failure::Usage(format!(
+            "--metadata-dir {} overlaps --dir {}: the standard view and the tree each need a directory of their own",
+            meta.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `path` made absolute with `.`, `..` and symlinks resolved as far as it exists.
+fn real_path(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = if path.is_absolute() { PathBuf::new() } else { std::env::current_dir().unwrap_or_default() };
+    for part in path.components() {
+        match part {
+            Component::Prefix(_) | Component::CurDir => {}
+            Component::RootDir => out.push("/"),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if let Ok(real) = std::fs::canonicalize(&out) {
+                    out = real;
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,33 @@
+//! `drafs webhook`: serve the mutating admission webhook until stopped, then
+//! drain the reviews in flight.
+
+use tracing::info;
+
+use crate::admission::webhook::{Config, Webhook};
+use crate::cmd::cli::WebhookArgs;
+use crate::cmd::{Failure, Stop, usage};
+
+pub fn config(args: &WebhookArgs) -> Config {
+    Config {
+        addr: args.addr,
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        image: args.image.clone(),
+        metrics_addr: args.metrics_addr,
+        drain: args.drain,
+        dns_names: args.dns_names.clone(),
+    }
+}
+
+/// Bind (bad addresses and certificates fail here, with exit 2), then serve;
+/// a stop drains the reviews in flight instead of dropping them.
+pub async fn run(config: Config, stop: Stop) -> Result<(), Failure> {
+    let server = Webhook::bind(&config).await.map_err(usage)?;
+    server
+        .serve(async {
+            let signal = stop.signalled().await;
+            info!("{signal}: stopping");
+        })
+        .await;
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The drive loop: the reconciler (pure) and the engine (its I/O half) run
+//! together, and each step's publication goes to the outputs. Inputs are
+//! taken in batches (everything queued at once) while trees are written in the
+//! background, and resolved when no write is running, so a burst costs a few
+//! resolutions, not one per event.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::engine::EngineError;
+use crate::engine::reconcile::{Input, Mode, Phase, Reconciler, Step};
+use crate::engine::source::{Engine, sleep_until_opt};
+use crate::model::PodRef;
+use crate::model::resolve::{Resolution, Selection};
+use crate::publish::outputs::{Outputs, PublishError, Written};
+
+/// Why a run ended without a result.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("cannot write the outputs: {0}")]
+    Output(#[from] PublishError),
+}
+
+/// What woke the drive loop.
+enum Wake {
+    Inputs(Vec<Input>),
+    Written(Box<Option<Written>>),
+    Retry,
+}
+
+/// Drive the reconciler with the engine until the run is done. Outputs are
+/// published as the steps say (`None`: `get`/`exec`, nothing to publish); a
+/// failed write ends the run only when `fail_on_output_error` (`init`), else
+/// it is retried (`serve`).
+pub async fn drive(
+    engine: &mut Engine,
+    reconciler: &mut Reconciler,
+    mut outputs: Option<&mut Outputs>,
+    fail_on_output_error: bool,
+) -> Result<Resolution, DriveError> {
+    let mut step = reconciler.start();
+    loop {
+        for w in step.warnings.drain(..) {
+            warn!("{w}");
+        }
+        engine.execute(std::mem::take(&mut step.actions));
+        if let Some(out) = outputs.as_deref_mut() {
+            out.submit(step.publish.take(), step.transition.take(), reconciler.pod_uid());
+        }
+        if let Some(done) = step.done.take() {
+            if let Some(out) = outputs.as_deref_mut()
+                && let Err(e) = out.flush().await
+                && fail_on_output_error
+            {
+                return Err(DriveError::Output(e));
+            }
+            return Ok(done?);
+        }
+        if matches!(reconciler.phase(), Phase::Ready | Phase::Degraded) {
+            engine.clear_deadline();
+        }
+        let retry_at = outputs.as_ref().and_then(|o| o.retry_at());
+        let wake = tokio::select! {
+            inputs = engine.next_batch() => Wake::Inputs(inputs),
+            written = write_done(outputs.as_deref_mut()) => Wake::Written(Box::new(written)),
+            _ = sleep_until_opt(retry_at) => Wake::Retry,
+        };
+        step = Step::default();
+        let busy = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.is_writing());
+        match wake {
+            Wake::Inputs(inputs) => {
+                // While a tree is being written, inputs only go into the state:
+                // it is resolved once that write is done.
+                step = reconciler.absorb(inputs);
+                if step.done.is_none() && !busy(&outputs) {
+                    step.merge(reconciler.settle());
+                }
+            }
+            Wake::Written(written) => {
+                if let Some(out) = outputs.as_deref_mut()
+                    && let Err(e) = out.finish_write(*written)
+                    && fail_on_output_error
+                {
+                    return Err(DriveError::Output(e));
+                }
+                if !busy(&outputs) {
+                    step = reconciler.settle();
+                }
+            }
+            Wake::Retry => {
+                if let Some(out) = outputs.as_deref_mut() {
+                    out.retry_failed();
+                }
+            }
+        }
+    }
+}
+
+/// Until the write in progress is done (forever without outputs).
+async fn write_done(outputs: Option<&mut Outputs>) -> Option<Written> {
+    match outputs {
+        Some(out) => out.write_done().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The deadline of a run that may last `timeout` (0: none).
+pub fn deadline(timeout: Duration) -> Option<Instant> {
+    (!timeout.is_zero()).then(|| Instant::now() + timeout)
+}
+
+/// Resolve once from the API, without waiting for what is missing (`get`, `exec`).
+pub async fn resolve_once(
+    client: kube::Client,
+    pod: PodRef,
+    selection: Selection,
+    timeout: Duration,
+) -> Result<Resolution, DriveError> {
+    let mut engine = Engine::new(client, pod.clone(), deadline(timeout));
+    let mut reconciler = Reconciler::new(Mode::Once, pod, selection, Vec::new());
+    drive(&mut engine, &mut reconciler, None, true).await
+}

@@ -1,0 +1,542 @@
+//! The I/O half: carries out the reconciler's actions against the API server
+//! and turns what comes back into its inputs.
+//!
+//! Every request is bounded in time (a stalled server cannot hold a run past
+//! its deadline), lists are paged (`limit` + `continue`) and slices are decoded
+//! with the reconciler's device filter (see `slices`), so memory follows the
+//! pod's devices and one page, not the node. Watches ask the server to close
+//! them after [`WATCH_SECONDS`] and are given up as broken when silent longer
+//! than that plus a margin, so a connection that died without a word is noticed.
+//! The first page of the node's slices is requested together with the claims;
+//! it is decoded once the claims say which devices to keep.
+//!
+//! Results queue for the reconciler in a bounded channel ([`INPUT_QUEUE`]): a
+//! burst of watch events waits in the server's stream, not in drafs's memory,
+//! and [`Engine::next_batch`] hands over all that is queued at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{AsyncBufReadExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{ListParams, WatchParams};
+use kube::core::Request;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::engine::PodRef;
+use crate::engine::api::{ApiError, WATCH_SECONDS};
+use crate::engine::reconcile::{Action, Input};
+use crate::engine::store::{Item, Scope};
+use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
+use crate::publish::metrics::Metrics;
+
+/// A watch silent this long (no event, no bookmark, no close) is restarted.
+pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
+/// Longest wait for one request's answer (also bounded by the run's deadline).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Objects per list page: a page of slices (at most 128 devices each) is what
+/// memory holds at once, so pages are small; more pages only cost round trips.
+pub const PAGE_SIZE: u32 = 4;
+/// Inputs queued for the reconciler at most; a watch waits while it is full.
+pub const INPUT_QUEUE: usize = 16;
+
+/// Runs the actions' requests as tasks and queues their results as inputs.
+pub struct Engine {
+    client: Client,
+    pod: PodRef,
+    tx: mpsc::Sender<Input>,
+    rx: mpsc::Receiver<Input>,
+    tasks: HashMap<Scope, JoinHandle<()>>,
+    pod_task: Option<JoinHandle<()>>,
+    filter: watch::Sender<Option<DeviceFilter>>,
+    deadline: Option<Instant>,
+    metrics: Option<Arc<Metrics>>,
+    page_size: u32,
+    watch_idle: Duration,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for task in self.tasks.values().chain(self.pod_task.iter()) {
+            task.abort();
+        }
+    }
+}
+
+impl Engine {
+    pub fn new(client: Client, pod: PodRef, deadline: Option<Instant>) -> Self {
+        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        Engine {
+            client,
+            pod,
+            tx,
+            rx,
+            tasks: HashMap::new(),
+            pod_task: None,
+            filter: watch::Sender::new(None),
+            deadline,
+            metrics: None,
+            page_size: PAGE_SIZE,
+            watch_idle: WATCH_IDLE,
+        }
+    }
+
+    /// Count API errors and watch restarts into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<Metrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn with_page_size(mut self, page_size: u32) -> Self {
+        self.page_size = page_size.max(1);
+        self
+    }
+
+    /// How long a watch may stay silent before it is restarted (tests shorten it).
+    pub fn with_watch_idle(mut self, idle: Duration) -> Self {
+        self.watch_idle = idle;
+        self
+    }
+
+    /// The deadline no longer applies (the run was ready once).
+    pub fn clear_deadline(&mut self) {
+        self.deadline = None;
+    }
+
+    pub fn execute(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::GetPod { after } => {
+                    if let Some(task) = self.pod_task.take() {
+                        task.abort();
+                    }
+                    let (client, pod, tx, deadline) =
+                        (self.client.clone(), self.pod.clone(), self.tx.clone(), self.deadline);
+                    self.pod_task = Some(tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = tx.send(get_pod(&client, &pod, deadline).await).await;
+                    }));
+                }
+                Action::List { scope, after } => {
+                    let task = tokio::spawn(list(self.context(scope.clone()), after));
+                    self.replace_task(scope, task);
+                }
+                Action::Watch { scope, resource_version, after } => {
+                    let task = tokio::spawn(watch_scope(self.context(scope.clone()), resource_version, after));
+                    self.replace_task(scope, task);
+                }
+                Action::Filter(filter) => {
+                    self.filter.send_replace(Some(filter));
+                }
+            }
+        }
+    }
+
+    fn replace_task(&mut self, scope: Scope, task: JoinHandle<()>) {
+        if let Some(old) = self.tasks.insert(scope, task) {
+            old.abort();
+        }
+    }
+
+    fn context(&self, scope: Scope) -> ScopeContext {
+        ScopeContext {
+            client: self.client.clone(),
+            namespace: self.pod.namespace.clone(),
+            scope,
+            tx: self.tx.clone(),
+            filter: self.filter.subscribe(),
+            deadline: self.deadline,
+            metrics: self.metrics.clone(),
+            page_size: self.page_size,
+            watch_idle: self.watch_idle,
+        }
+    }
+
+    /// The next input: a result of a request, or `Deadline` when it passes first.
+    pub async fn next(&mut self) -> Input {
+        let deadline = self.deadline;
+        tokio::select! {
+            input = self.rx.recv() => input.unwrap_or(Input::Deadline),
+            _ = sleep_until_opt(deadline) => Input::Deadline,
+        }
+    }
+
+    /// The next input and every one queued behind it (at most [`INPUT_QUEUE`]),
+    /// for the reconciler to take in at once.
+    pub async fn next_batch(&mut self) -> Vec<Input> {
+        let mut batch = vec![self.next().await];
+        while batch.len() < INPUT_QUEUE {
+            match self.rx.try_recv() {
+                Ok(input) => batch.push(input),
+                Err(_) => break,
+            }
+        }
+        batch
+    }
+}
+
+/// Sleep until `at`, or forever when there is no such time.
+pub async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How long a request may take: [`REQUEST_TIMEOUT`], and never past the deadline.
+fn request_budget(deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT),
+        None => REQUEST_TIMEOUT,
+    }
+}
+
+fn timed_out(verb: &'static str, resource: &str, scope: String, budget: Duration) -> ApiError {
+    ApiError::Failed {
+        verb,
+        resource: resource.into(),
+        scope,
+        message: format!("no answer within {} ms (the API server is stalled or unreachable)", budget.as_millis()),
+        code: None,
+    }
+}
+
+async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> Input {
+    let scope = format!(" ({}/{})", pod.namespace, pod.name);
+    let url = format!("/api/v1/namespaces/{}/pods", pod.namespace);
+    let request = match Request::new(url).get(&pod.name, &Default::default()) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = e.to_string();
+            return Input::PodFailed(ApiError::Failed {
+                verb: "get",
+                resource: "pods".into(),
+                scope,
+                message,
+                code: None,
+            });
+        }
+    };
+    let budget = request_budget(deadline);
+    match tokio::time::timeout(budget, client.request::<Pod>(request)).await {
+        Err(_) => Input::PodFailed(timed_out("get", "pods", scope, budget)),
+        Ok(Ok(p)) => {
+            debug!(pod = %pod.name, "fetched pod");
+            Input::Pod(Box::new(p))
+        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+            Input::PodFailed(ApiError::PodNotFound { namespace: pod.namespace.clone(), name: pod.name.clone() })
+        }
+        Ok(Err(e)) => Input::PodFailed(ApiError::classify(&e, "get", "pods", scope)),
+    }
+}
+
+/// What a list or watch task needs.
+struct ScopeContext {
+    client: Client,
+    namespace: String,
+    scope: Scope,
+    tx: mpsc::Sender<Input>,
+    filter: watch::Receiver<Option<DeviceFilter>>,
+    deadline: Option<Instant>,
+    metrics: Option<Arc<Metrics>>,
+    page_size: u32,
+    watch_idle: Duration,
+}
+
+impl ScopeContext {
+    fn url(&self) -> String {
+        match &self.scope {
+            Scope::Claim(_) => format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", self.namespace),
+            _ => "/apis/resource.k8s.io/v1/resourceslices".to_string(),
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!(" ({})", self.scope.field_selector())
+    }
+
+    async fn fail(&self, error: ApiError) {
+        if let Some(m) = &self.metrics {
+            m.api_error(error.code());
+            if error.is_watch() {
+                m.watch_restarted();
+            }
+        }
+        let _ = self.tx.send(Input::Failed { scope: self.scope.clone(), error }).await;
+    }
+
+    fn malformed(&self, verb: &'static str, e: impl std::fmt::Display) -> ApiError {
+        ApiError::Failed {
+            verb,
+            resource: self.scope.resource().into(),
+            scope: self.selector(),
+            message: format!("malformed answer: {e}"),
+            code: None,
+        }
+    }
+
+    /// The filter to decode slices with, waiting until the claims have told it.
+    async fn current_filter(&mut self) -> Option<DeviceFilter> {
+        match self.filter.wait_for(Option::is_some).await {
+            Ok(f) => f.clone(),
+            Err(_) => None,
+        }
+    }
+
+    fn decode(&self, raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<Item>, serde_json::Error> {
+        Ok(match self.scope {
+            Scope::Claim(_) => {
+                let (claim, warnings) = slices::decode_claim(raw)?;
+                for w in warnings {
+                    warn!("{w}");
+                }
+                Some(Item::Claim(Box::new(claim)))
+            }
+            _ => slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s))),
+        })
+    }
+}
+
+/// List a scope, page by page, and send it whole.
+async fn list(mut ctx: ScopeContext, after: Duration) {
+    tokio::time::sleep(after).await;
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    'restart: loop {
+        let mut items = Vec::new();
+        let mut continue_token: Option<String> = None;
+        let mut decoded_with: Option<DeviceFilter> = None;
+        loop {
+            let params = ListParams {
+                field_selector: Some(ctx.scope.field_selector()),
+                limit: Some(ctx.page_size),
+                continue_token: continue_token.clone(),
+                ..Default::default()
+            };
+            let request = match Request::new(ctx.url()).list(&params) {
+                Ok(r) => r,
+                Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
+            };
+            let budget = request_budget(ctx.deadline);
+            let body = match tokio::time::timeout(budget, read_body(&ctx.client, request)).await {
+                Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)).await,
+                Ok(Err(e)) => {
+                    return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())).await;
+                }
+                Ok(Ok(body)) => body,
+            };
+            let page: RawList = match serde_json::from_slice(&body) {
+                Ok(p) => p,
+                Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
+            };
+            let filter = if ctx.scope.is_slices() {
+                ctx.current_filter().await.unwrap_or_default()
+            } else {
+                DeviceFilter::default()
+            };
+            if ctx.scope.is_slices() {
+                match &decoded_with {
+                    Some(earlier) if *earlier != filter => continue 'restart,
+                    _ => decoded_with = Some(filter.clone()),
+                }
+            }
+            for raw in page.items {
+                match ctx.decode(raw.get(), &filter, node.as_deref()) {
+                    Ok(Some(item)) => items.push(item),
+                    Ok(None) => {}
+                    Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
+                }
+            }
+            let resource_version = page.metadata.resource_version.unwrap_or_default();
+            continue_token = page.metadata.continue_token.filter(|t| !t.is_empty());
+            if continue_token.is_none() {
+                let scope = ctx.scope.clone();
+                let decoded_with = if scope.is_slices() { decoded_with } else { None };
+                let _ = ctx.tx.send(Input::Listed { scope, items, resource_version, decoded_with }).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A response body read into one buffer (a page of slices is the largest thing
+/// drafs holds: it is not copied again).
+async fn read_body(client: &Client, request: http::Request<Vec<u8>>) -> Result<Vec<u8>, kube::Error> {
+    let mut reader = std::pin::pin!(client.request_stream(request).await?);
+    let mut body = Vec::new();
+    futures::AsyncReadExt::read_to_end(&mut reader, &mut body).await.map_err(kube::Error::ReadEvents)?;
+    Ok(body)
+}
+
+/// Watch a scope from a resource version until the server closes the watch.
+async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duration) {
+    tokio::time::sleep(after).await;
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    let params = WatchParams {
+        field_selector: Some(ctx.scope.field_selector()),
+        timeout: Some(WATCH_SECONDS),
+        bookmarks: true,
+        ..Default::default()
+    };
+    let request = match Request::new(ctx.url()).watch(&params, &resource_version) {
+        Ok(r) => r,
+        Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
+    };
+    let started = Instant::now();
+    let mut changes = 0;
+    let budget = request_budget(None);
+    let stream = match tokio::time::timeout(budget, ctx.client.request_stream(request)).await {
+        Err(_) => return ctx.fail(timed_out("watch", ctx.scope.resource(), ctx.selector(), budget)).await,
+        Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "watch", ctx.scope.resource(), ctx.selector())).await,
+        Ok(Ok(s)) => s,
+    };
+    let mut lines = std::pin::pin!(stream.lines());
+    loop {
+        let line = match tokio::time::timeout(ctx.watch_idle, lines.next()).await {
+            Err(_) => {
+                let message = format!("silent for {} ms without closing; restarting it", ctx.watch_idle.as_millis());
+                return ctx.fail(ctx.watch_failed(message)).await;
+            }
+            Ok(None) => {
+                let (scope, lasted) = (ctx.scope.clone(), started.elapsed());
+                let _ = ctx.tx.send(Input::WatchEnded { scope, lasted, changes }).await;
+                return;
+            }
+            Ok(Some(Err(e))) => return ctx.fail(ctx.watch_failed(e.to_string())).await,
+            Ok(Some(Ok(line))) => line,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let input = match ctx.event(&line, node.as_deref()) {
+            Event::Input(input) => input,
+            Event::Skip => continue,
+            Event::Expired => {
+                debug!(scope = %ctx.scope, "watch expired (410 Gone); relisting");
+                if let Some(m) = &ctx.metrics {
+                    m.watch_restarted();
+                }
+                let _ = ctx.tx.send(Input::Expired(ctx.scope.clone())).await;
+                return;
+            }
+            Event::Failed(error) => return ctx.fail(error).await,
+        };
+        if matches!(input, Input::Applied { .. } | Input::Deleted { .. }) {
+            changes += 1;
+        }
+        if ctx.tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What one line of a watch means for the reconciler.
+enum Event {
+    Input(Input),
+    /// Nothing to tell (a bookmark without a version, a type drafs does not use).
+    Skip,
+    /// 410 Gone: the version is too old, list again.
+    Expired,
+    /// The watch is broken.
+    Failed(ApiError),
+}
+
+impl ScopeContext {
+    fn watch_failed(&self, message: String) -> ApiError {
+        ApiError::Failed {
+            verb: "watch",
+            resource: self.scope.resource().into(),
+            scope: self.selector(),
+            message,
+            code: None,
+        }
+    }
+
+    /// Decode one watch event (a line of the stream) into what it means.
+    fn event(&self, line: &str, node: Option<&str>) -> Event {
+        let event: RawEvent = match serde_json::from_str(line) {
+            Ok(e) => e,
+            Err(e) => return Event::Failed(self.malformed("watch", e)),
+        };
+        let scope = self.scope.clone();
+        let deleted = |scope| {
+            object_meta(event.object.get()).map(|(name, rv)| Input::Deleted { scope, name, resource_version: rv })
+        };
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let filter = self.filter.borrow().clone().unwrap_or_default();
+                match self.decode(event.object.get(), &filter, node) {
+                    Ok(Some(item)) => Event::Input(Input::Applied { scope, item }),
+                    // A slice that no longer holds anything wanted: as if deleted.
+                    Ok(None) => deleted(scope).map_or(Event::Skip, Event::Input),
+                    Err(e) => Event::Failed(self.malformed("watch", e)),
+                }
+            }
+            "DELETED" => match deleted(scope) {
+                Some(input) => Event::Input(input),
+                None => Event::Failed(self.malformed("watch", "a DELETED event without a name")),
+            },
+            "BOOKMARK" => match object_meta(event.object.get()).and_then(|(_, rv)| rv) {
+                Some(resource_version) => Event::Input(Input::Bookmark { scope, resource_version }),
+                None => Event::Skip,
+            },
+            "ERROR" => match serde_json::from_str::<kube::core::Status>(event.object.get()) {
+                Err(e) => Event::Failed(self.malformed("watch", e)),
+                Ok(status) if status.code == 410 => Event::Expired,
+                Ok(status) => Event::Failed(ApiError::classify(
+                    &kube::Error::Api(Box::new(status)),
+                    "watch",
+                    self.scope.resource(),
+                    self.selector(),
+                )),
+            },
+            _ => Event::Skip,
+        }
+    }
+}
+
+/// Name and resource version of an object, reading nothing else.
+fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default, rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Meta,
+    }
+    let object: Object = serde_json::from_str(raw).ok()?;
+    Some((object.metadata.name.unwrap_or_default(), object.metadata.resource_version))
+}
+
+/// The cluster's credentials cannot be found.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot find cluster credentials ({0}); run inside a pod with a service account, set KUBECONFIG, or use --from-file"
+)]
+pub struct NoCredentials(String);
+
+/// A client from the pod's service account or the kubeconfig, and the pod
+/// `name` in `namespace` (when not given: the kubeconfig context's).
+pub async fn connect(name: String, namespace: Option<String>) -> Result<(Client, PodRef), NoCredentials> {
+    let client = Client::try_default().await.map_err(|e| {
+        // kube quotes a kubeconfig path twice ('"/path"'); show it once.
+        NoCredentials(e.to_string().replace("'\"", "'").replace("\"'", "'"))
+    })?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_string());
+    Ok((client, PodRef { namespace, name }))
+}

@@ -1,0 +1,415 @@
+//! What the lists and watches have seen so far, as a plain value.
+//!
+//! Every list/watch (one per ResourceClaim, one for the node's slices, one per
+//! driver for slices bound to no single node) is a [`Scope`]. A list replaces a
+//! scope's objects whole (so a relist after 410 Gone keeps serving the old ones
+//! until it is done), a watch event changes one object, and the store says
+//! which scopes have been listed and from which resource version a watch
+//! resumes. It never does I/O, so it is fed directly in tests.
+//!
+//! A driver republishes a pool slice by slice, each at the new
+//! `spec.pool.generation`; until the new generation has all its
+//! `resourceSliceCount` slices, the ResourceSlice API tells consumers to wait.
+//! So when a change leaves a pool's newest generation incomplete, the store
+//! keeps the slices of the generation that was complete before (the versions
+//! the change replaced or deleted), and hands them to the resolver with the
+//! rest until the new generation is complete or the pool has no slice left.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+
+use crate::model::objects::Snapshot;
+
+/// One list/watch: what it selects and which RBAC verb/resource it uses.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// One ResourceClaim, by name (field selector `metadata.name`).
+    Claim(String),
+    /// The slices of one node (`spec.nodeName=<node>`).
+    NodeSlices(String),
+    /// The slices of one driver bound to no single node (`spec.driver=<d>,spec.nodeName=`).
+    DriverSlices(String),
+}
+
+impl Scope {
+    pub fn field_selector(&self) -> String {
+        match self {
+            Scope::Claim(name) => format!("metadata.name={name}"),
+            Scope::NodeSlices(node) => format!("spec.nodeName={node}"),
+            Scope::DriverSlices(driver) => format!("spec.driver={driver},spec.nodeName="),
+        }
+    }
+
+    pub fn resource(&self) -> &'static str {
+        match self {
+            Scope::Claim(_) => "resourceclaims",
+            Scope::NodeSlices(_) | Scope::DriverSlices(_) => "resourceslices",
+        }
+    }
+
+    pub fn is_slices(&self) -> bool {
+        !matches!(self, Scope::Claim(_))
+    }
+
+    /// Whether an object the server sent for this scope really belongs to it
+    /// (a server, or a proxy in front of it, may ignore the field selector).
+    pub fn admits_claim(&self, claim: &ResourceClaim, namespace: &str) -> bool {
+        matches!(self, Scope::Claim(name) if claim.metadata.name.as_deref() == Some(name.as_str())
+            && claim.metadata.namespace.as_deref().is_none_or(|ns| ns == namespace))
+    }
+
+    pub fn admits_slice(&self, slice: &ResourceSlice) -> bool {
+        let node = slice.spec.node_name.as_deref().unwrap_or("");
+        match self {
+            Scope::Claim(_) => false,
+            Scope::NodeSlices(n) => node == n,
+            Scope::DriverSlices(d) => node.is_empty() && slice.spec.driver == *d,
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.resource(), self.field_selector())
+    }
+}
+
+/// One object of a scope.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Claim(Box<ResourceClaim>),
+    Slice(Box<ResourceSlice>),
+}
+
+impl Item {
+    pub fn name(&self) -> &str {
+        match self {
+            Item::Claim(c) => c.metadata.name.as_deref().unwrap_or(""),
+            Item::Slice(s) => s.metadata.name.as_deref().unwrap_or(""),
+        }
+    }
+
+    pub fn resource_version(&self) -> Option<&str> {
+        match self {
+            Item::Claim(c) => c.metadata.resource_version.as_deref(),
+            Item::Slice(s) => s.metadata.resource_version.as_deref(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct ScopeState {
+    listed: bool,
+    resource_version: Option<String>,
+    objects: BTreeMap<String, Item>,
+    /// Per pool whose newest generation is incomplete: the last complete one.
+    kept: BTreeMap<PoolKey, KeptGeneration>,
+}
+
+/// A pool: (driver, pool name).
+type PoolKey = (String, String);
+
+/// The slices of a pool's last complete generation that changed since to a
+/// newer, still incomplete generation (or were deleted), by name.
+#[derive(Debug, Clone)]
+struct KeptGeneration {
+    generation: i64,
+    slices: BTreeMap<String, Item>,
+}
+
+/// A slice's pool, generation and slice count.
+fn pool_of(item: &Item) -> Option<(PoolKey, i64, i64)> {
+    match item {
+        Item::Slice(s) => Some((
+            (s.spec.driver.clone(), s.spec.pool.name.clone()),
+            s.spec.pool.generation,
+            s.spec.pool.resource_slice_count,
+        )),
+        Item::Claim(_) => None,
+    }
+}
+
+/// The newest generation of `pool` among `objects` when all its slices are there.
+fn complete_generation(objects: &BTreeMap<String, Item>, pool: &PoolKey) -> Option<i64> {
+    // (generation, slice count, slices seen)
+    let mut newest: Option<(i64, i64, i64)> = None;
+    for (key, generation, count) in objects.values().filter_map(pool_of) {
+        if key != *pool {
+            continue;
+        }
+        newest = match newest {
+            Some((g, c, seen)) if g == generation => Some((g, c.max(count), seen + 1)),
+            Some((g, ..)) if g > generation => newest,
+            _ => Some((generation, count, 1)),
+        };
+    }
+    newest.filter(|(_, count, seen)| seen >= count).map(|(g, ..)| g)
+}
+
+impl ScopeState {
+    /// The pools of these items, each with its complete generation now (call before a change).
+    fn pools_before<'a>(&self, items: impl IntoIterator<Item = &'a Item>) -> BTreeMap<PoolKey, Option<i64>> {
+        items
+            .into_iter()
+            .filter_map(pool_of)
+            .map(|(key, ..)| {
+                let complete = complete_generation(&self.objects, &key);
+                (key, complete)
+            })
+            .collect()
+    }
+
+    /// After a change to the pools of `before` that replaced or removed `old`:
+    /// keep what the last complete generation needs, drop what it no longer does.
+    fn keep_complete_generations(&mut self, before: BTreeMap<PoolKey, Option<i64>>, old: Vec<Item>) {
+        for (pool, complete_before) in before {
+            let current = |objects: &BTreeMap<String, Item>, name: &str, generation: i64| {
+                objects.get(name).and_then(pool_of).is_some_and(|(key, g, _)| key == pool && g == generation)
+            };
+            let has_slices = self.objects.values().filter_map(pool_of).any(|(key, ..)| key == pool);
+            if !has_slices || complete_generation(&self.objects, &pool).is_some() {
+                // The new generation is complete, or the pool is gone.
+                self.kept.remove(&pool);
+                continue;
+            }
+            let Some(generation) = self.kept.get(&pool).map(|k| k.generation).or(complete_before) else {
+                continue;
+            };
+            let kept =
+                self.kept.entry(pool.clone()).or_insert_with(|| KeptGeneration { generation, slices: BTreeMap::new() });
+            for item in &old {
+                let at_kept = pool_of(item).is_some_and(|(key, g, _)| key == pool && g == generation);
+                if at_kept && !current(&self.objects, item.name(), generation) {
+                    kept.slices.insert(item.name().to_string(), item.clone());
+                }
+            }
+            // A slice back at the kept generation is served as it is now.
+            kept.slices.retain(|name, _| !current(&self.objects, name, generation));
+        }
+    }
+}
+
+/// The pod and everything the lists and watches have seen.
+#[derive(Debug, Default, Clone)]
+pub struct Store {
+    pub pod: Option<Pod>,
+    scopes: BTreeMap<Scope, ScopeState>,
+}
+
+impl Store {
+    /// Register a scope; its objects count once its first list is done.
+    pub fn add_scope(&mut self, scope: Scope) {
+        self.scopes.entry(scope).or_default();
+    }
+
+    pub fn has_scope(&self, scope: &Scope) -> bool {
+        self.scopes.contains_key(scope)
+    }
+
+    pub fn scopes(&self) -> impl Iterator<Item = &Scope> {
+        self.scopes.keys()
+    }
+
+    pub fn is_listed(&self, scope: &Scope) -> bool {
+        self.scopes.get(scope).is_some_and(|s| s.listed)
+    }
+
+    /// Scopes whose first list has not completed.
+    pub fn unlisted(&self) -> Vec<Scope> {
+        self.scopes.iter().filter(|(_, s)| !s.listed).map(|(k, _)| k.clone()).collect()
+    }
+
+    pub fn resource_version(&self, scope: &Scope) -> Option<&str> {
+        self.scopes.get(scope).and_then(|s| s.resource_version.as_deref())
+    }
+
+    /// A completed list: the scope's objects are exactly these.
+    pub fn replace(&mut self, scope: &Scope, items: Vec<Item>, resource_version: String) {
+        let state = self.scopes.entry(scope.clone()).or_default();
+        let objects: BTreeMap<String, Item> = items.into_iter().map(|i| (i.name().to_string(), i)).collect();
+        let before = state.pools_before(state.objects.values().chain(objects.values()));
+        let old = std::mem::replace(&mut state.objects, objects).into_values().collect();
+        state.keep_complete_generations(before, old);
+        state.resource_version = Some(resource_version);
+        state.listed = true;
+    }
+
+    pub fn apply(&mut self, scope: &Scope, item: Item) {
+        let state = self.scopes.entry(scope.clone()).or_default();
+        if let Some(rv) = item.resource_version() {
+            state.resource_version = Some(rv.to_string());
+        }
+        let before = state.pools_before(state.objects.get(item.name()).into_iter().chain([&item]));
+        let old = state.objects.insert(item.name().to_string(), item);
+        state.keep_complete_generations(before, old.into_iter().collect());
+    }
+
+    pub fn delete(&mut self, scope: &Scope, name: &str, resource_version: Option<String>) {
+        let state = self.scopes.entry(scope.clone()).or_default();
+        let before = state.pools_before(state.objects.get(name));
+        let old = state.objects.remove(name);
+        state.keep_complete_generations(before, old.into_iter().collect());
+        if resource_version.is_some() {
+            state.resource_version = resource_version;
+        }
+    }
+
+    pub fn bookmark(&mut self, scope: &Scope, resource_version: String) {
+        self.scopes.entry(scope.clone()).or_default().resource_version = Some(resource_version);
+    }
+
+    pub fn claims(&self) -> impl Iterator<Item = &ResourceClaim> {
+        self.scopes.values().flat_map(|s| s.objects.values()).filter_map(|i| match i {
+            Item::Claim(c) => Some(c.as_ref()),
+            Item::Slice(_) => None,
+        })
+    }
+
+    /// The resolver's input. Slices are kept trimmed (see `slices`), so this
+    /// copy is as small as the pod's devices. Slices kept for a pool's last
+    /// complete generation come in beside the current ones, keyed
+    /// `<name> (generation <n>)` (a space is never in an object's name).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut snapshot = Snapshot { pod: self.pod.clone(), ..Default::default() };
+        for item in self.scopes.values().flat_map(|s| s.objects.values()) {
+            match item {
+                Item::Claim(c) => {
+                    snapshot.claims.insert(item.name().to_string(), c.as_ref().clone());
+                }
+                Item::Slice(s) => {
+                    snapshot.slices.insert(item.name().to_string(), s.as_ref().clone());
+                }
+            }
+        }
+        for kept in self.scopes.values().flat_map(|s| s.kept.values()) {
+            for (name, item) in &kept.slices {
+                if let Item::Slice(s) = item {
+                    snapshot.slices.insert(format!("{name} (generation {})", kept.generation), s.as_ref().clone());
+                }
+            }
+        }
+        snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn slice(name: &str, rv: &str) -> Item {
+        Item::Slice(Box::new(ResourceSlice {
+            metadata: ObjectMeta { name: Some(name.into()), resource_version: Some(rv.into()), ..Default::default() },
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_list_replaces_a_scope_whole_and_watches_resume_from_the_last_version() {
+        let mut store = Store::default();
+        let node = Scope::NodeSlices("n".into());
+        store.add_scope(node.clone());
+        assert_eq!(store.unlisted(), vec![node.clone()]);
+        store.replace(&node, vec![slice("a", "1"), slice("b", "2")], "5".into());
+        assert!(store.unlisted().is_empty());
+        assert_eq!(store.resource_version(&node), Some("5"));
+        store.delete(&node, "a", Some("6".into()));
+        store.apply(&node, slice("c", "7"));
+        assert_eq!(store.snapshot().slices.keys().collect::<Vec<_>>(), vec!["b", "c"]);
+        assert_eq!(store.resource_version(&node), Some("7"));
+        store.bookmark(&node, "9".into());
+        assert_eq!(store.resource_version(&node), Some("9"));
+        store.replace(&node, vec![slice("d", "10")], "11".into());
+        assert_eq!(store.snapshot().slices.keys().collect::<Vec<_>>(), vec!["d"]);
+    }
+
+    #[test]
+    fn selectors_and_admission() {
+        assert_eq!(
+            Scope::DriverSlices("d.example.com".into()).field_selector(),
+            "spec.driver=d.example.com,spec.nodeName="
+        );
+        assert_eq!(Scope::Claim("c".into()).to_string(), "resourceclaims (metadata.name=c)");
+        let mut s = ResourceSlice::default();
+        s.spec.driver = "d".into();
+        assert!(Scope::DriverSlices("d".into()).admits_slice(&s));
+        assert!(!Scope::NodeSlices("n".into()).admits_slice(&s));
+        s.spec.node_name = Some("n".into());
+        assert!(Scope::NodeSlices("n".into()).admits_slice(&s));
+        assert!(!Scope::DriverSlices("d".into()).admits_slice(&s));
+        let mut c = ResourceClaim::default();
+        c.metadata.name = Some("c".into());
+        c.metadata.namespace = Some("other".into());
+        assert!(!Scope::Claim("c".into()).admits_claim(&c, "ns"));
+        c.metadata.namespace = Some("ns".into());
+        assert!(Scope::Claim("c".into()).admits_claim(&c, "ns"));
+        assert!(!Scope::Claim("d".into()).admits_claim(&c, "ns"));
+    }
+
+    /// A slice of pool d/p at `generation` of 2 slices.
+    fn pooled(name: &str, generation: i64) -> Item {
+        let mut s = match slice(name, &generation.to_string()) {
+            Item::Slice(s) => s,
+            Item::Claim(_) => unreachable!(),
+        };
+        s.spec.driver = "d".into();
+        s.spec.pool.name = "p".into();
+        s.spec.pool.generation = generation;
+        s.spec.pool.resource_slice_count = 2;
+        Item::Slice(s)
+    }
+
+    /// The snapshot's slices as `key@generation`.
+    fn slices(store: &Store) -> Vec<String> {
+        store.snapshot().slices.iter().map(|(k, s)| format!("{k}@{}", s.spec.pool.generation)).collect()
+    }
+
+    #[test]
+    fn a_pool_republished_slice_by_slice_keeps_its_last_complete_generation() {
+        let mut store = Store::default();
+        let node = Scope::NodeSlices("n".into());
+        store.replace(&node, vec![pooled("a", 1), pooled("b", 1)], "5".into());
+        // a moves to generation 2, which has 1 of its 2 slices: a at generation 1 stays too.
+        store.apply(&node, pooled("a", 2));
+        assert_eq!(slices(&store), vec!["a@2", "a (generation 1)@1", "b@1"]);
+        // A relist in between finds the same: still kept.
+        store.replace(&node, vec![pooled("a", 2), pooled("b", 1)], "6".into());
+        assert_eq!(slices(&store), vec!["a@2", "a (generation 1)@1", "b@1"]);
+        // b follows: generation 2 is complete, generation 1 is let go.
+        store.apply(&node, pooled("b", 2));
+        assert_eq!(slices(&store), vec!["a@2", "b@2"]);
+    }
+
+    #[test]
+    fn kept_slices_follow_deletions_and_go_with_the_pool() {
+        let mut store = Store::default();
+        let node = Scope::NodeSlices("n".into());
+        store.replace(&node, vec![pooled("a", 1), pooled("b", 1)], "5".into());
+        // Republished by deleting and creating: both deleted slices of generation 1 are kept.
+        store.delete(&node, "a", None);
+        assert_eq!(slices(&store), vec!["a (generation 1)@1", "b@1"]);
+        store.apply(&node, pooled("a", 2));
+        store.delete(&node, "b", None);
+        assert_eq!(slices(&store), vec!["a@2", "a (generation 1)@1", "b (generation 1)@1"]);
+        // The pool's last slice goes: nothing of it is kept.
+        store.delete(&node, "a", None);
+        assert!(slices(&store).is_empty(), "{:?}", slices(&store));
+    }
+
+    #[test]
+    fn nothing_is_kept_without_a_complete_generation_before() {
+        let mut store = Store::default();
+        let node = Scope::NodeSlices("n".into());
+        // Listed in the middle of a republish: no complete generation was ever seen.
+        store.replace(&node, vec![pooled("a", 2), pooled("b", 1)], "5".into());
+        store.apply(&node, pooled("c", 3));
+        assert_eq!(slices(&store), vec!["a@2", "b@1", "c@3"]);
+        // A slice changed within its generation replaces the old version.
+        let mut store = Store::default();
+        store.replace(&node, vec![pooled("a", 1), pooled("b", 1)], "5".into());
+        store.apply(&node, pooled("a", 1));
+        assert_eq!(slices(&store), vec!["a@1", "b@1"]);
+    }
+}

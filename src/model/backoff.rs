@@ -1,0 +1,148 @@
+//! How long to wait before asking again: pure timing policies, shared by the
+//! engine (the API server) and the outputs (a failed write).
+
+use std::time::{Duration, Instant};
+
+/// Start-up retries (the pod, a scope until its first list): 200 ms doubling
+/// to 5 s, quick because a pod's start waits for them. Once a scope is listed,
+/// [`WatchBackoff`] takes over.
+#[derive(Debug, Clone)]
+pub struct RetryBackoff {
+    next: Duration,
+}
+
+impl RetryBackoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(5);
+
+    /// Start again from the first delay (after a success).
+    pub fn reset(&mut self) {
+        *self = RetryBackoff::default();
+    }
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        RetryBackoff { next: Self::FIRST }
+    }
+}
+
+impl Iterator for RetryBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(now)
+    }
+}
+
+/// Delays before asking again about a scope that was listed once and then
+/// went wrong: a failed list or watch, a watch answering 410 Gone, a watch the
+/// server closed early without a change. Like client-go's reflector, and for
+/// the same reason (every pod running drafs multiplies the load a failing
+/// server sees), the delay is not reset by a successful list, only by
+/// [`WatchBackoff::RESET_AFTER`] without trouble: a watch that a list always
+/// precedes and that always fails must still slow down. One value serves all
+/// of a run's scopes, so a server failing every watch sees one retry
+/// sequence per pod, not one per scope.
+///
+/// Delays start at [`WatchBackoff::INITIAL`] and double; each gets up to 50%
+/// random jitter (so the pods of a node do not retry in step after an
+/// outage), and none is longer than [`WatchBackoff::CAP`]: a server that heals
+/// is used again within the cap.
+#[derive(Debug, Clone)]
+pub struct WatchBackoff {
+    base: Duration,
+    /// When the last delay ends: health is counted from there.
+    until: Option<Instant>,
+    random: u64,
+}
+
+impl WatchBackoff {
+    pub const INITIAL: Duration = Duration::from_secs(1);
+    pub const CAP: Duration = Duration::from_secs(30);
+    pub const RESET_AFTER: Duration = Duration::from_secs(120);
+    /// The largest base delay: with its jitter it stays within the cap.
+    const MAX_BASE: Duration = Duration::from_secs(20);
+
+    /// `seed` picks the jitter: the same seed gives the same delays.
+    pub fn new(seed: u64) -> Self {
+        WatchBackoff { base: Self::INITIAL, until: None, random: seed }
+    }
+
+    /// The delay before the next attempt, for trouble that happened at `now`.
+    pub fn next(&mut self, now: Instant) -> Duration {
+        if self.until.is_some_and(|until| now.saturating_duration_since(until) >= Self::RESET_AFTER) {
+            self.base = Self::INITIAL;
+        }
+        let base = self.base;
+        self.base = (base * 2).min(Self::MAX_BASE);
+        let delay = (base + base.mul_f64(self.uniform() / 2.0)).min(Self::CAP);
+        self.until = Some(now + delay);
+        delay
+    }
+
+    /// A number in [0, 1) from splitmix64: no dependency, reproducible.
+    fn uniform(&mut self) -> f64 {
+        self.random = self.random.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.random;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A seed for [`WatchBackoff`] from a text (the pod's name): stable for one
+/// pod, different between pods (FNV-1a).
+pub fn seed_of(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delays(backoff: &mut WatchBackoff, start: Instant, n: usize) -> Vec<Duration> {
+        let mut now = start;
+        (0..n)
+            .map(|_| {
+                let d = backoff.next(now);
+                now += d;
+                d
+            })
+            .collect()
+    }
+
+    #[test]
+    fn watch_backoff_doubles_with_jitter_up_to_the_cap() {
+        let mut b = WatchBackoff::new(seed_of("ml/p"));
+        let got = delays(&mut b, Instant::now(), 12);
+        let bases = [1, 2, 4, 8, 16, 20, 20, 20, 20, 20, 20, 20];
+        for (d, base) in got.iter().zip(bases) {
+            let base = Duration::from_secs(base);
+            assert!(*d >= base && *d < base.mul_f64(1.5) && *d <= WatchBackoff::CAP, "{got:?}");
+        }
+        assert!(got.windows(2).any(|w| w[0] != w[1] && w[0] >= Duration::from_secs(20)), "jitter at the cap: {got:?}");
+        // The same seed gives the same delays; another pod's differ.
+        assert_eq!(delays(&mut WatchBackoff::new(seed_of("ml/p")), Instant::now(), 12), got);
+        assert_ne!(delays(&mut WatchBackoff::new(seed_of("ml/q")), Instant::now(), 12), got);
+    }
+
+    #[test]
+    fn watch_backoff_survives_successes_and_resets_only_after_two_minutes_of_health() {
+        let mut b = WatchBackoff::new(1);
+        let start = Instant::now();
+        let first = b.next(start);
+        // Trouble again right after the retry (a list succeeded, the watch failed): longer.
+        let second = b.next(start + first);
+        assert!(second >= Duration::from_secs(2), "{second:?}");
+        let end = start + first + second;
+        // Trouble 119 s after the last delay ended: still backing off.
+        let third = b.next(end + Duration::from_secs(119));
+        assert!(third >= Duration::from_secs(4), "{third:?}");
+        // 2 min without trouble: from the start again.
+        let after_health = b.next(end + Duration::from_secs(119) + third + WatchBackoff::RESET_AFTER);
+        assert!(after_health < Duration::from_millis(1500), "{after_health:?}");
+    }
+}

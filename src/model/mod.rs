@@ -1,0 +1,29 @@
+//! The model: what drafs knows about a pod's devices, as pure functions of
+//! the objects (no I/O, no clock but what a caller passes in).
+//!
+//! Owns: decoding the API's objects (`objects`, `slices`), resolving a pod's
+//! claims to devices (`resolve`), laying them out as a tree of files (`tree`,
+//! `layout`, `names`), the standard KEP-5304 view (`metadata`), the values of
+//! `drafs exec`'s variables (`envvars`), and the small vocabulary the layers
+//! above share: which pod ([`PodRef`]), what a run publishes
+//! (`publication`) and how long to wait before trying again (`backoff`).
+//!
+//! May use: nothing else of drafs.
+
+pub mod backoff;
+pub mod envvars;
+pub mod layout;
+pub mod metadata;
+pub mod names;
+pub mod objects;
+pub mod publication;
+pub mod resolve;
+pub mod slices;
+pub mod tree;
+
+/// Which pod to read.
+#[derive(Debug, Clone)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}

@@ -1,0 +1,167 @@
+//! Validation of every name that becomes a path component.
+//!
+//! Nothing from an API object reaches the filesystem without passing one of these
+//! checks, so no name can escape the tree (`..`, `/`, NUL) or collide with the
+//! reserved `.`-prefixed metadata entries. Also the checks of the values a
+//! user writes in flags and annotations: driver names and durations.
+
+use std::time::Duration;
+
+/// RFC 1123 label: pod claim names, request names.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain: driver names, attribute domains, ResourceClaim names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// DRA attribute and capacity names: a C identifier of at most 64 characters.
+pub fn is_c_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && s.len() <= 64
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A fully qualified attribute or capacity name: `domain/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QualifiedName {
+    pub domain: String,
+    pub name: String,
+}
+
+impl QualifiedName {
+    /// Qualify a slice key: `domain/name` as is, a bare `name` in the driver's domain.
+    pub fn parse(key: &str, driver: &str) -> Result<Self, String> {
+        let (domain, name) = match key.split_once('/') {
+            Some((domain, name)) => (domain, name),
+            None => (driver, key),
+        };
+        if !is_dns_subdomain(domain) {
+            return Err(format!("domain {domain:?} is not a DNS subdomain"));
+        }
+        if !is_c_identifier(name) {
+            return Err(format!("name {name:?} is not a C identifier of at most 64 characters"));
+        }
+        Ok(Self { domain: domain.to_string(), name: name.to_string() })
+    }
+}
+
+impl std::fmt::Display for QualifiedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.domain, self.name)
+    }
+}
+
+/// A DRA driver name: a DNS subdomain, as the API requires.
+pub fn parse_driver_name(text: &str) -> Result<String, String> {
+    if is_dns_subdomain(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a driver name (a DNS subdomain such as gpu.example.com)"))
+    }
+}
+
+/// The longest duration accepted (a deadline further out is a mistake, and
+/// would overflow the clock).
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parse `90s`, `5m`, `1h30m`, `250ms` or a bare number of seconds, at most [`MAX_DURATION`].
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let total = parse_duration_unbounded(text)?;
+    if total > MAX_DURATION {
+        return Err(format!("duration {text:?} is longer than the maximum of 366 days"));
+    }
+    Ok(total)
+}
+
+fn parse_duration_unbounded(text: &str) -> Result<Duration, String> {
+    let too_long = || format!("duration {text:?} is longer than the maximum of 366 days");
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {text:?}: expected e.g. 30s, 5m, 1h"));
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| format!("invalid duration {text:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
+            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m, h)")),
+        };
+        total = total.checked_add(unit).ok_or_else(too_long)?;
+        rest = &rest[unit_len..];
+    }
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("m").is_err());
+        // Out of range: an error, never an overflow.
+        assert!(parse_duration("18446744073709551615s").is_err());
+        assert!(parse_duration("18446744073709551615").is_err());
+        assert!(parse_duration("99999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s18446744073709551615s").is_err());
+        assert!(parse_duration("367d").is_err());
+        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
+    }
+
+    #[test]
+    fn hostile_keys_are_rejected() {
+        for key in
+            ["../etc/passwd", "a/b/c", "/abs", "x/..", "", ".hidden", "d/.json", "d/a b", "d/a\0b", "UPPER.com/x"]
+        {
+            assert!(QualifiedName::parse(key, "gpu.example.com").is_err(), "{key:?} accepted");
+        }
+        let long = "a".repeat(65);
+        assert!(QualifiedName::parse(&long, "gpu.example.com").is_err());
+    }
+
+    #[test]
+    fn bare_keys_take_the_driver_domain() {
+        let q = QualifiedName::parse("uuid", "gpu.nvidia.com").unwrap();
+        assert_eq!(q.to_string(), "gpu.nvidia.com/uuid");
+        let q = QualifiedName::parse("resource.kubernetes.io/pciBusID", "gpu.nvidia.com").unwrap();
+        assert_eq!((q.domain.as_str(), q.name.as_str()), ("resource.kubernetes.io", "pciBusID"));
+    }
+
+    #[test]
+    fn labels_and_subdomains() {
+        assert!(is_dns_label("gpu-0"));
+        assert!(!is_dns_label(".."));
+        assert!(!is_dns_label("a/b"));
+        assert!(!is_dns_label("-a"));
+        assert!(is_dns_subdomain("gpu.nvidia.com"));
+        assert!(!is_dns_subdomain("gpu..com"));
+        assert!(!is_dns_subdomain(".."));
+    }
+}

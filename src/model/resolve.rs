@@ -1,0 +1,835 @@
+//! The pure resolver: (Pod, ResourceClaims, ResourceSlices) in, resolved devices out.
+//!
+//! No I/O happens here. Everything that is not there yet (a claim not created or
+//! not allocated, a device not published) is reported as [`Missing`] so the caller
+//! can wait for it; everything that must not reach the filesystem (hostile or
+//! malformed names, unknown attribute types) is skipped and reported as a warning.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
+};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::model::names::{QualifiedName, is_dns_label};
+use crate::model::objects::Snapshot;
+
+/// Which pod claims to resolve; empty means all of them.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub claims: Vec<String>,
+}
+
+/// A typed attribute value, serialized the way ResourceSlices write it (`{"int": 5}`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttrValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+    Version(String),
+    Bools(Vec<bool>),
+    Ints(Vec<i64>),
+    Strings(Vec<String>),
+    Versions(Vec<String>),
+}
+
+impl AttrValue {
+    fn from_api(attr: &DeviceAttribute) -> Result<Self, String> {
+        let mut found = Vec::new();
+        if let Some(v) = attr.bool {
+            found.push(AttrValue::Bool(v));
+        }
+        if let Some(v) = attr.int {
+            found.push(AttrValue::Int(v));
+        }
+        if let Some(v) = &attr.string {
+            found.push(AttrValue::String(v.clone()));
+        }
+        if let Some(v) = &attr.version {
+            found.push(AttrValue::Version(v.clone()));
+        }
+        if let Some(v) = &attr.bools {
+            found.push(AttrValue::Bools(v.clone()));
+        }
+        if let Some(v) = &attr.ints {
+            found.push(AttrValue::Ints(v.clone()));
+        }
+        if let Some(v) = &attr.strings {
+            found.push(AttrValue::Strings(v.clone()));
+        }
+        if let Some(v) = &attr.versions {
+            found.push(AttrValue::Versions(v.clone()));
+        }
+        match found.len() {
+            1 => Ok(found.pop().expect("one element")),
+            0 => Err("has no value of a known type (bool, int, string, version or their lists)".into()),
+            n => Err(format!("has {n} values; exactly one is allowed")),
+        }
+    }
+
+    /// The file content: scalars as the API writes them, lists joined with `,`.
+    pub fn to_text(&self) -> String {
+        fn join<T: ToString>(v: &[T]) -> String {
+            v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        }
+        match self {
+            AttrValue::Bool(b) => b.to_string(),
+            AttrValue::Int(i) => i.to_string(),
+            AttrValue::String(s) | AttrValue::Version(s) => s.clone(),
+            AttrValue::Bools(v) => join(v),
+            AttrValue::Ints(v) => join(v),
+            AttrValue::Strings(v) | AttrValue::Versions(v) => v.join(","),
+        }
+    }
+}
+
+/// An attribute with the key as the slice wrote it (the standard metadata view keeps it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attribute {
+    pub key: String,
+    pub value: AttrValue,
+}
+
+/// Network data and driver data from the claim's `status.devices`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// One allocated device with everything known about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedDevice {
+    /// The request part before the first `/` (the tree directory).
+    pub request: String,
+    /// The result's request as allocated, e.g. `gpu/large` for a subrequest.
+    pub full_request: String,
+    /// Position among the claim's earlier results with the same request.
+    pub index: usize,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+    pub attributes: BTreeMap<QualifiedName, Attribute>,
+    pub capacity: BTreeMap<QualifiedName, String>,
+    pub status: Option<DeviceStatus>,
+}
+
+/// One pod claim and the devices resolved for it so far.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedClaim {
+    /// The name in the pod's `spec.resourceClaims` (the tree directory).
+    pub pod_claim: String,
+    /// The ResourceClaim object's name.
+    pub claim_name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub generation: i64,
+    pub from_template: bool,
+    pub devices: Vec<ResolvedDevice>,
+}
+
+/// Something the pod asked for that is not (yet) there.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Missing {
+    NotScheduled,
+    UnknownClaim {
+        name: String,
+        available: Vec<String>,
+    },
+    ClaimStatusPending {
+        pod_claim: String,
+        template: String,
+    },
+    ClaimNotFound {
+        pod_claim: String,
+        claim_name: String,
+    },
+    ClaimNotAllocated {
+        pod_claim: String,
+        claim_name: String,
+    },
+    Device {
+        pod_claim: String,
+        request: String,
+        index: usize,
+        driver: String,
+        pool: String,
+        device: String,
+        detail: String,
+    },
+    Invalid {
+        what: String,
+        problem: String,
+    },
+}
+
+impl Missing {
+    /// True when waiting cannot help (the pod spec is immutable).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Missing::UnknownClaim { .. })
+    }
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Missing::NotScheduled => write!(f, "the pod is not scheduled to a node yet"),
+            Missing::UnknownClaim { name, available } => write!(
+                f,
+                "claim {name}: the pod has no resource claim named {name:?} (it has: {})",
+                if available.is_empty() { "none".to_string() } else { available.join(", ") }
+            ),
+            Missing::ClaimStatusPending { pod_claim, template } => write!(
+                f,
+                "claim {pod_claim}: no ResourceClaim generated from template {template} yet (pod status.resourceClaimStatuses has no entry)"
+            ),
+            Missing::ClaimNotFound { pod_claim, claim_name } => {
+                write!(f, "claim {pod_claim}: ResourceClaim {claim_name} not found")
+            }
+            Missing::ClaimNotAllocated { pod_claim, claim_name } => {
+                write!(f, "claim {pod_claim}: ResourceClaim {claim_name} is not allocated yet")
+            }
+            Missing::Device { pod_claim, request, index, driver, pool, device, detail } => write!(
+                f,
+                "claim {pod_claim}, request {request}, device {index}: {driver}/{pool}/{device} not published: {detail}"
+            ),
+            Missing::Invalid { what, problem } => write!(f, "{what}: {problem}"),
+        }
+    }
+}
+
+/// The pod's identity as the outputs need it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PodIdentity {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    #[serde(rename = "nodeName", skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+impl PodIdentity {
+    pub fn of(pod: &Pod) -> Self {
+        PodIdentity {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+        }
+    }
+}
+
+/// What the resolver made of a snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resolution {
+    pub pod: PodIdentity,
+    pub claims: Vec<ResolvedClaim>,
+    pub missing: Vec<Missing>,
+    pub warnings: Vec<String>,
+}
+
+impl Resolution {
+    pub fn is_complete(&self) -> bool {
+        self.missing.is_empty()
+    }
+
+    /// Drivers with allocated devices not found in the slices seen so far: their
+    /// cluster-scoped (`allNodes`/`nodeSelector`) slices are worth fetching.
+    pub fn drivers_with_unpublished_devices(&self) -> BTreeSet<String> {
+        self.missing
+            .iter()
+            .filter_map(|m| match m {
+                Missing::Device { driver, .. } => Some(driver.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Names of the ResourceClaim objects the pod uses, as far as its status tells.
+pub fn claim_names(pod: &Pod, selection: &Selection) -> Vec<String> {
+    pod_claims(pod, selection)
+        .into_iter()
+        .filter_map(|c| match c.source {
+            ClaimSource::Named(name) => Some(name),
+            _ => None,
+        })
+        .collect()
+}
+
+enum ClaimSource {
+    Named(String),
+    NotNeeded,
+    Pending { template: String },
+    Invalid(String),
+}
+
+struct PodClaim {
+    name: String,
+    from_template: bool,
+    source: ClaimSource,
+}
+
+/// The pod's claims (restricted by the selection), each with where its object is.
+fn pod_claims(pod: &Pod, selection: &Selection) -> Vec<PodClaim> {
+    let spec_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    spec_claims
+        .into_iter()
+        .flatten()
+        .filter(|c| selection.claims.is_empty() || selection.claims.contains(&c.name))
+        .map(|c| {
+            let from_template = c.resource_claim_name.is_none();
+            let source = match (&c.resource_claim_name, &c.resource_claim_template_name) {
+                (Some(name), None) => ClaimSource::Named(name.clone()),
+                (None, Some(template)) => match statuses.into_iter().flatten().find(|s| s.name == c.name) {
+                    None => ClaimSource::Pending { template: template.clone() },
+                    Some(status) => match &status.resource_claim_name {
+                        Some(name) => ClaimSource::Named(name.clone()),
+                        None => ClaimSource::NotNeeded,
+                    },
+                },
+                _ => ClaimSource::Invalid(
+                    "exactly one of resourceClaimName and resourceClaimTemplateName must be set".into(),
+                ),
+            };
+            PodClaim { name: c.name.clone(), from_template, source }
+        })
+        .collect()
+}
+
+/// One generation of a pool as the slices seen so far publish it.
+struct Generation<'a> {
+    slices: HashSet<&'a str>,
+    slice_count: i64,
+    devices: HashMap<&'a str, &'a Device>,
+}
+
+impl Generation<'_> {
+    fn is_complete(&self) -> bool {
+        self.slices.len() as i64 >= self.slice_count
+    }
+}
+
+/// The generation of a pool that counts, with its devices, and the newest one seen.
+struct PoolView<'a> {
+    generation: i64,
+    current: Generation<'a>,
+    newest: Option<(i64, usize, i64)>,
+}
+
+struct SliceIndex<'a> {
+    pools: HashMap<(&'a str, &'a str), PoolView<'a>>,
+}
+
+impl<'a> SliceIndex<'a> {
+    /// Pools as the scheduler sees them for `node`: a slice bound to another
+    /// node contributes neither devices nor a generation. The generation that
+    /// counts is the newest one; while that one has fewer slices than its
+    /// `resourceSliceCount` (the driver is still publishing it), the newest
+    /// complete one, as the ResourceSlice API asks consumers to wait for the
+    /// driver to finish. With no complete generation, the newest serves the
+    /// devices it lists.
+    fn new(snapshot: &'a Snapshot, node: Option<&str>) -> Self {
+        let mut all: HashMap<(&str, &str), BTreeMap<i64, Generation>> = HashMap::new();
+        for (key, slice) in &snapshot.slices {
+            let spec = &slice.spec;
+            if !crate::model::slices::eligible_for(spec, node) {
+                continue;
+            }
+            let pool = (spec.driver.as_str(), spec.pool.name.as_str());
+            let generation = all.entry(pool).or_default().entry(spec.pool.generation).or_insert_with(|| Generation {
+                slices: HashSet::new(),
+                slice_count: 0,
+                devices: HashMap::new(),
+            });
+            generation.slices.insert(slice.metadata.name.as_deref().unwrap_or(key));
+            generation.slice_count = generation.slice_count.max(spec.pool.resource_slice_count);
+            for device in spec.devices.iter().flatten() {
+                generation.devices.insert(device.name.as_str(), device);
+            }
+        }
+        let pools = all
+            .into_iter()
+            .filter_map(|(pool, mut generations)| {
+                let (&newest, last) = generations.last_key_value()?;
+                let newest_seen = (newest, last.slices.len(), last.slice_count);
+                let counts = generations.iter().rev().find(|(_, g)| g.is_complete()).map_or(newest, |(n, _)| *n);
+                let current = generations.remove(&counts)?;
+                let newest = (newest != counts).then_some(newest_seen);
+                Some((pool, PoolView { generation: counts, current, newest }))
+            })
+            .collect();
+        SliceIndex { pools }
+    }
+
+    fn find(&self, driver: &str, pool: &str, device: &str) -> Result<&'a Device, String> {
+        let Some(view) = self.pools.get(&(driver, pool)) else {
+            return Err(format!("no ResourceSlice of driver {driver} publishes pool {pool}"));
+        };
+        if let Some(found) = view.current.devices.get(device) {
+            return Ok(found);
+        }
+        let current = &view.current;
+        let mut detail = if current.is_complete() {
+            format!("pool {pool} at generation {} does not list it", view.generation)
+        } else {
+            format!(
+                "pool {pool} has {} of {} ResourceSlices at generation {} and none lists it",
+                current.slices.len(),
+                current.slice_count,
+                view.generation
+            )
+        };
+        if let Some((newest, seen, count)) = view.newest {
+            detail += &format!(" (generation {newest} is being published: {seen} of {count} ResourceSlices so far)");
+        }
+        Err(detail)
+    }
+}
+
+/// Resolve every selected claim of the snapshot's pod.
+pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
+    let Some(pod) = &snapshot.pod else {
+        return Resolution {
+            missing: vec![Missing::Invalid { what: "pod".into(), problem: "not found".into() }],
+            ..Default::default()
+        };
+    };
+    let mut out = Resolution { pod: PodIdentity::of(pod), ..Default::default() };
+    let claims = pod_claims(pod, selection);
+    for wanted in &selection.claims {
+        if !claims.iter().any(|c| &c.name == wanted) {
+            let available = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.resource_claims.as_ref())
+                .map(|cs| cs.iter().map(|c| c.name.clone()).collect())
+                .unwrap_or_default();
+            out.missing.push(Missing::UnknownClaim { name: wanted.clone(), available });
+        }
+    }
+    if out.pod.node.is_none() && !claims.is_empty() {
+        out.missing.push(Missing::NotScheduled);
+    }
+    let index = SliceIndex::new(snapshot, out.pod.node.as_deref());
+    for pod_claim in claims {
+        let name = pod_claim.name.clone();
+        if !is_dns_label(&name) {
+            out.missing.push(Missing::Invalid {
+                what: format!("pod claim {name:?}"),
+                problem: "is not a DNS label, so it cannot be a directory name".into(),
+            });
+            continue;
+        }
+        let claim_name = match pod_claim.source {
+            ClaimSource::Named(n) => n,
+            ClaimSource::NotNeeded => continue,
+            ClaimSource::Pending { template } => {
+                out.missing.push(Missing::ClaimStatusPending { pod_claim: name, template });
+                continue;
+            }
+            ClaimSource::Invalid(problem) => {
+                out.missing.push(Missing::Invalid { what: format!("claim {name}"), problem });
+                continue;
+            }
+        };
+        let Some(claim) = snapshot.claims.get(&claim_name) else {
+            out.missing.push(Missing::ClaimNotFound { pod_claim: name, claim_name });
+            continue;
+        };
+        resolve_claim(&mut out, &index, name, pod_claim.from_template, claim);
+    }
+    out.missing.sort();
+    out.missing.dedup();
+    out
+}
+
+fn resolve_claim(
+    out: &mut Resolution,
+    index: &SliceIndex,
+    pod_claim: String,
+    from_template: bool,
+    claim: &ResourceClaim,
+) {
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let status = claim.status.as_ref();
+    let Some(results) = status
+        .and_then(|s| s.allocation.as_ref())
+        .map(|a| a.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default())
+    else {
+        out.missing.push(Missing::ClaimNotAllocated { pod_claim, claim_name });
+        return;
+    };
+    let device_statuses: &[AllocatedDeviceStatus] = status.and_then(|s| s.devices.as_deref()).unwrap_or_default();
+    let mut resolved = ResolvedClaim {
+        pod_claim: pod_claim.clone(),
+        claim_name,
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+        generation: claim.metadata.generation.unwrap_or(1),
+        from_template,
+        devices: Vec::new(),
+    };
+    let mut per_request: HashMap<String, usize> = HashMap::new();
+    for result in results {
+        let request = result.request.split('/').next().unwrap_or_default().to_string();
+        if !is_dns_label(&request) {
+            out.missing.push(Missing::Invalid {
+                what: format!("claim {pod_claim}"),
+                problem: format!("allocation result request {:?} is not a DNS label", result.request),
+            });
+            continue;
+        }
+        let slot = per_request.entry(request.clone()).or_default();
+        let position = *slot;
+        *slot += 1;
+        if result.driver.is_empty() || result.pool.is_empty() || result.device.is_empty() {
+            out.missing.push(Missing::Invalid {
+                what: format!("claim {pod_claim}"),
+                problem: format!("allocation result for request {:?} lacks driver, pool or device", result.request),
+            });
+            continue;
+        }
+        match index.find(&result.driver, &result.pool, &result.device) {
+            Ok(device) => {
+                let context = format!(
+                    "claim {pod_claim}, request {request}, device {position} ({}/{}/{})",
+                    result.driver, result.pool, result.device
+                );
+                resolved.devices.push(resolve_device(
+                    out,
+                    &context,
+                    request,
+                    position,
+                    result,
+                    device,
+                    device_statuses,
+                ));
+            }
+            Err(detail) => out.missing.push(Missing::Device {
+                pod_claim: pod_claim.clone(),
+                request,
+                index: position,
+                driver: result.driver.clone(),
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                detail,
+            }),
+        }
+    }
+    out.claims.push(resolved);
+}
+
+fn resolve_device(
+    out: &mut Resolution,
+    context: &str,
+    request: String,
+    index: usize,
+    result: &DeviceRequestAllocationResult,
+    device: &Device,
+    statuses: &[AllocatedDeviceStatus],
+) -> ResolvedDevice {
+    let mut attributes = BTreeMap::new();
+    for (key, attr) in device.attributes.iter().flatten() {
+        let parsed = QualifiedName::parse(key, &result.driver)
+            .and_then(|name| AttrValue::from_api(attr).map(|value| (name, value)));
+        match parsed {
+            Ok((name, value)) => {
+                attributes.insert(name, Attribute { key: key.clone(), value });
+            }
+            Err(why) => out.warnings.push(format!("{context}: attribute {key:?} skipped: {why}")),
+        }
+    }
+    let mut capacity = BTreeMap::new();
+    for (key, cap) in device.capacity.iter().flatten() {
+        match QualifiedName::parse(key, &result.driver) {
+            Ok(name) => {
+                capacity.insert(name, cap.value.0.clone());
+            }
+            Err(why) => out.warnings.push(format!("{context}: capacity {key:?} skipped: {why}")),
+        }
+    }
+    let status = statuses
+        .iter()
+        .find(|s| {
+            s.driver == result.driver
+                && s.pool == result.pool
+                && s.device == result.device
+                && s.share_id == result.share_id
+        })
+        .map(|s| {
+            let net = s.network_data.as_ref();
+            DeviceStatus {
+                interface_name: net.and_then(|n| n.interface_name.clone()).filter(|s| !s.is_empty()),
+                ips: net.and_then(|n| n.ips.clone()).unwrap_or_default(),
+                hardware_address: net.and_then(|n| n.hardware_address.clone()).filter(|s| !s.is_empty()),
+                data: s.data.as_ref().map(|d| d.0.clone()),
+            }
+        });
+    ResolvedDevice {
+        request,
+        full_request: result.request.clone(),
+        index,
+        driver: result.driver.clone(),
+        pool: result.pool.clone(),
+        device: result.device.clone(),
+        share_id: result.share_id.clone(),
+        attributes,
+        capacity,
+        status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::objects::FileObjects;
+
+    fn snapshot(text: &str) -> Snapshot {
+        FileObjects::parse("test", text).unwrap().into_snapshot("test", None).unwrap()
+    }
+
+    const POD: &str = r#"
+kind: Pod
+metadata: {name: p, namespace: ns, uid: u1}
+spec:
+  nodeName: n1
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: t}
+  - {name: nic, resourceClaimName: shared-nic}
+  - {name: opt, resourceClaimTemplateName: t2}
+status:
+  resourceClaimStatuses:
+  - {name: gpu, resourceClaimName: p-gpu-abc}
+  - {name: opt}
+"#;
+
+    fn claim(name: &str, results: &str, extra_status: &str) -> String {
+        format!(
+            "---\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: ns, uid: u-{name}, generation: 3}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results: {results}\n{extra_status}"
+        )
+    }
+
+    fn slice(name: &str, node: &str, driver: &str, pool: &str, generation: i64, count: i64, devices: &str) -> String {
+        format!(
+            "---\nkind: ResourceSlice\nmetadata: {{name: {name}}}\nspec:\n  driver: {driver}\n  {node}\n  pool: {{name: {pool}, generation: {generation}, resourceSliceCount: {count}}}\n  devices: {devices}\n"
+        )
+    }
+
+    fn full_fixture() -> String {
+        let mut text = POD.to_string();
+        text += &claim(
+            "p-gpu-abc",
+            "[{request: gpu/large, driver: gpu.example.com, pool: n1, device: g1}, {request: gpu/large, driver: gpu.example.com, pool: n1, device: g0}]",
+            "",
+        );
+        text += &claim(
+            "shared-nic",
+            "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7}]",
+            "  devices:\n  - {driver: net.example.com, pool: fabric, device: nic-7, networkData: {interfaceName: net1, ips: [10.0.0.1/24, 'fd00::1/64'], hardwareAddress: 'aa:bb'}, data: {vf: 3}}\n",
+        );
+        text += &slice(
+            "old",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: g1, attributes: {uuid: {string: STALE}}}]",
+        );
+        text += &slice(
+            "new",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            2,
+            1,
+            "[{name: g0, attributes: {uuid: {string: G0}}}, {name: g1, attributes: {uuid: {string: G1}, cc: {version: 9.0.0}, numa: {ints: [0, 1]}, resource.kubernetes.io/pciBusID: {string: '0000:3b:00.0'}, '../escape': {string: x}, weird: {float: 1.5}}, capacity: {memory: {value: 80Gi}}}]",
+        );
+        text += &slice(
+            "fabric",
+            "allNodes: true",
+            "net.example.com",
+            "fabric",
+            4,
+            1,
+            "[{name: nic-7, attributes: {ifName: {string: ens1}, rdma: {bool: true}, mtu: {int: 9000}}}]",
+        );
+        text
+    }
+
+    #[test]
+    fn resolves_template_and_direct_claims_with_subrequests_and_stale_generations() {
+        let res = resolve(&snapshot(&full_fixture()), &Selection::default());
+        assert!(res.is_complete(), "{:?}", res.missing);
+        assert_eq!(res.claims.len(), 2);
+        let gpu = &res.claims[0];
+        assert_eq!((gpu.pod_claim.as_str(), gpu.claim_name.as_str(), gpu.from_template), ("gpu", "p-gpu-abc", true));
+        assert_eq!(gpu.devices.len(), 2);
+        let d0 = &gpu.devices[0];
+        assert_eq!(
+            (d0.request.as_str(), d0.full_request.as_str(), d0.index, d0.device.as_str()),
+            ("gpu", "gpu/large", 0, "g1")
+        );
+        let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
+        assert_eq!(d0.attributes[&uuid].value, AttrValue::String("G1".into()), "stale generation must not win");
+        let numa = QualifiedName::parse("numa", "gpu.example.com").unwrap();
+        assert_eq!(d0.attributes[&numa].value.to_text(), "0,1");
+        assert_eq!(d0.capacity[&QualifiedName::parse("memory", "gpu.example.com").unwrap()], "80Gi");
+        assert_eq!(gpu.devices[1].index, 1);
+        assert_eq!(gpu.devices[1].attributes[&uuid].value, AttrValue::String("G0".into()));
+        // hostile and unknown-typed attributes are skipped with a warning each
+        assert_eq!(d0.attributes.len(), 4);
+        assert!(res.warnings.iter().any(|w| w.contains("../escape")), "{:?}", res.warnings);
+        assert!(res.warnings.iter().any(|w| w.contains("weird")), "{:?}", res.warnings);
+
+        let nic = &res.claims[1];
+        assert!(!nic.from_template);
+        let status = nic.devices[0].status.as_ref().unwrap();
+        assert_eq!(status.interface_name.as_deref(), Some("net1"));
+        assert_eq!(status.ips, vec!["10.0.0.1/24", "fd00::1/64"]);
+        assert_eq!(status.data, Some(serde_json::json!({"vf": 3})));
+    }
+
+    #[test]
+    fn a_slice_of_another_node_never_contributes_devices_or_a_generation() {
+        // A whole-cluster dump: node n2 publishes pool "n1" of the same driver at a newer generation.
+        let mut text = full_fixture();
+        text += &slice(
+            "other-node",
+            "nodeName: n2",
+            "gpu.example.com",
+            "n1",
+            9,
+            1,
+            "[{name: g0, attributes: {uuid: {string: WRONG}}}, {name: g1, attributes: {uuid: {string: WRONG}}}]",
+        );
+        let res = resolve(&snapshot(&text), &Selection::default());
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
+        assert_eq!(res.claims[0].devices[0].attributes[&uuid].value, AttrValue::String("G1".into()));
+    }
+
+    #[test]
+    fn reports_what_is_missing() {
+        let mut text = POD.replace("  - {name: gpu, resourceClaimName: p-gpu-abc}\n", "");
+        text += &claim("shared-nic", "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7}]", "");
+        let res = resolve(&snapshot(&text), &Selection::default());
+        assert_eq!(res.missing.len(), 2, "{:?}", res.missing);
+        assert!(matches!(&res.missing[0], Missing::ClaimStatusPending { pod_claim, .. } if pod_claim == "gpu"));
+        assert!(
+            matches!(&res.missing[1], Missing::Device { pod_claim, device, .. } if pod_claim == "nic" && device == "nic-7")
+        );
+        assert_eq!(res.drivers_with_unpublished_devices().into_iter().collect::<Vec<_>>(), vec!["net.example.com"]);
+        let message = res.missing[1].to_string();
+        assert!(message.contains("net.example.com/fabric/nic-7") && message.contains("no ResourceSlice"), "{message}");
+    }
+
+    #[test]
+    fn unallocated_claim_and_incomplete_pool() {
+        let mut text = POD.to_string();
+        text += "---\nkind: ResourceClaim\nmetadata: {name: shared-nic, namespace: ns}\nspec: {}\n";
+        text += &claim("p-gpu-abc", "[{request: gpu, driver: gpu.example.com, pool: n1, device: g9}]", "");
+        text += &slice("part", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g0}]");
+        let res = resolve(&snapshot(&text), &Selection::default());
+        let text: Vec<String> = res.missing.iter().map(ToString::to_string).collect();
+        assert!(text.iter().any(|m| m.contains("shared-nic is not allocated")), "{text:?}");
+        assert!(text.iter().any(|m| m.contains("1 of 2 ResourceSlices")), "{text:?}");
+    }
+
+    #[test]
+    fn selection_restricts_and_unknown_claims_are_permanent() {
+        let sel = Selection { claims: vec!["nic".into(), "nope".into()] };
+        let res = resolve(&snapshot(&full_fixture()), &sel);
+        assert_eq!(res.claims.len(), 1);
+        assert_eq!(res.missing.len(), 1);
+        assert!(res.missing[0].is_permanent());
+        assert!(res.missing[0].to_string().contains("gpu, nic, opt"));
+    }
+
+    #[test]
+    fn share_id_selects_the_matching_status() {
+        let mut text = POD.to_string();
+        text += &claim(
+            "shared-nic",
+            "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7, shareID: s2}]",
+            "  devices:\n  - {driver: net.example.com, pool: fabric, device: nic-7, shareID: s1, networkData: {interfaceName: wrong}}\n  - {driver: net.example.com, pool: fabric, device: nic-7, shareID: s2, networkData: {interfaceName: right}}\n",
+        );
+        text += &slice("fabric", "allNodes: true", "net.example.com", "fabric", 1, 1, "[{name: nic-7}]");
+        let res = resolve(&snapshot(&text), &Selection { claims: vec!["nic".into()] });
+        let status = res.claims[0].devices[0].status.as_ref().unwrap();
+        assert_eq!(status.interface_name.as_deref(), Some("right"));
+    }
+
+    #[test]
+    fn an_incomplete_newest_generation_leaves_the_last_complete_one_in_use() {
+        // Generation 2 of pool n1 has 1 of its 2 slices: generation 1 (complete) counts.
+        let mut text = POD.to_string();
+        text += &claim(
+            "p-gpu-abc",
+            "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
+            "",
+        );
+        text += &slice(
+            "a-old",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            2,
+            "[{name: g0, attributes: {v: {string: one}}}]",
+        );
+        text +=
+            &slice("b", "nodeName: n1", "gpu.example.com", "n1", 1, 2, "[{name: g1, attributes: {v: {string: one}}}]");
+        text +=
+            &slice("a", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g0, attributes: {v: {string: two}}}]");
+        let sel = Selection { claims: vec!["gpu".into()] };
+        let res = resolve(&snapshot(&text), &sel);
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let v = QualifiedName::parse("v", "gpu.example.com").unwrap();
+        let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
+        assert_eq!(values, vec!["one", "one"], "one generation, the complete one");
+        // The second slice of generation 2 arrives: generation 2 counts.
+        let text = text
+            + &slice(
+                "b2",
+                "nodeName: n1",
+                "gpu.example.com",
+                "n1",
+                2,
+                2,
+                "[{name: g1, attributes: {v: {string: two}}}]",
+            );
+        let res = resolve(&snapshot(&text), &sel);
+        let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
+        assert_eq!(values, vec!["two", "two"]);
+    }
+
+    #[test]
+    fn a_device_missing_from_the_generation_in_use_names_the_one_being_published() {
+        let mut text = POD.to_string();
+        text += &claim("p-gpu-abc", "[{request: gpu, driver: gpu.example.com, pool: n1, device: g9}]", "");
+        text += &slice("a", "nodeName: n1", "gpu.example.com", "n1", 1, 1, "[{name: g0}]");
+        text += &slice("b", "nodeName: n1", "gpu.example.com", "n1", 2, 3, "[{name: g9}]");
+        let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+        let message = res.missing[0].to_string();
+        assert!(
+            message.contains("pool n1 at generation 1 does not list it")
+                && message.contains("generation 2 is being published: 1 of 3"),
+            "{message}"
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! The `/dra` tree as a value: relative paths to file contents.
+//!
+//! Every backend (atomic files, FUSE) serves a [`Tree`]; building one is pure, so
+//! the layout (the contract users depend on) is tested without touching a disk.
+//! What changes between two trees is computed where it is used, on inodes, by
+//! `fsmodel::invalidations`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::model::layout;
+use crate::model::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
+
+/// Errors in tree paths: a path that is not a clean relative path, or that would
+/// turn a file into a directory (or back).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("path {0:?} is not a clean relative path")]
+    BadPath(String),
+    #[error("path {0:?} conflicts with an existing file or directory")]
+    Conflict(String),
+    #[error("--require {0:?} must be CLAIM/REQUEST/INDEX/ATTRIBUTE (e.g. gpu/gpu/0/uuid)")]
+    BadRequire(String),
+}
+
+/// A complete tree: file paths (`/`-separated, relative) to contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tree {
+    files: BTreeMap<String, Vec<u8>>,
+}
+
+/// Check that a relative path has only normal, non-empty components.
+pub fn is_clean_relative(path: &str) -> bool {
+    !path.is_empty() && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
+impl Tree {
+    pub fn insert(&mut self, path: &str, content: impl Into<Vec<u8>>) -> Result<(), TreeError> {
+        if !is_clean_relative(path) {
+            return Err(TreeError::BadPath(path.into()));
+        }
+        // A file may not sit where a directory is, nor below a file.
+        let as_dir = format!("{path}/");
+        let below = self.files.range(as_dir.clone()..).next().is_some_and(|(k, _)| k.starts_with(&as_dir));
+        let above = path.match_indices('/').any(|(i, _)| self.files.contains_key(&path[..i]));
+        if below || above {
+            return Err(TreeError::Conflict(path.into()));
+        }
+        self.files.insert(path.to_string(), content.into());
+        Ok(())
+    }
+
+    /// A tree from (path, content) pairs; panics on a bad path (for tests and fixtures).
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Tree {
+        let mut t = Tree::default();
+        for (path, content) in pairs {
+            t.insert(path, *content).expect("a valid tree path");
+        }
+        t
+    }
+
+    pub fn get(&self, path: &str) -> Option<&[u8]> {
+        self.files.get(path).map(Vec::as_slice)
+    }
+
+    /// True when `path` is a file or a directory of the tree.
+    pub fn contains(&self, path: &str) -> bool {
+        let as_dir = format!("{path}/");
+        self.files.contains_key(path)
+            || self.files.range(as_dir.clone()..).next().is_some_and(|(k, _)| k.starts_with(&as_dir))
+    }
+
+    pub fn files(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.files.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Every directory implied by the files, parents before children ("" is the root).
+    pub fn dirs(&self) -> BTreeSet<String> {
+        let mut dirs = BTreeSet::from([String::new()]);
+        for path in self.files.keys() {
+            for (i, _) in path.match_indices('/') {
+                dirs.insert(path[..i].to_string());
+            }
+        }
+        dirs
+    }
+
+    /// The names directly under the root.
+    pub fn top_level(&self) -> BTreeSet<String> {
+        self.files.keys().map(|k| k.split('/').next().unwrap_or(k).to_string()).collect()
+    }
+}
+
+/// A `--require` path: `CLAIM/REQUEST/INDEX/ATTRIBUTE`, the attribute in any form
+/// the tree has (`uuid`, `gpu.nvidia.com/uuid`, `.status/interfaceName`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequirePath(String);
+
+impl std::str::FromStr for RequirePath {
+    type Err = TreeError;
+    fn from_str(s: &str) -> Result<Self, TreeError> {
+        let s = s.trim_matches('/');
+        let parts: Vec<&str> = s.split('/').collect();
+        if parts.len() < 4 || !is_clean_relative(s) || parts[2].parse::<usize>().is_err() {
+            return Err(TreeError::BadRequire(s.into()));
+        }
+        Ok(RequirePath(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for RequirePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl RequirePath {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Where an entry of a device directory comes from; the table of `get` shows the
+/// attribute, capacity and status kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Identity,
+    Attribute,
+    ShortAttribute,
+    Capacity,
+    Status,
+    Record,
+}
+
+/// The entries of one device directory: (path relative to it, kind, content).
+pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String)> {
+    use EntryKind::*;
+    let mut out = vec![
+        (layout::DRIVER.to_string(), Identity, device.driver.clone()),
+        (layout::POOL.to_string(), Identity, device.pool.clone()),
+        (layout::DEVICE.to_string(), Identity, device.device.clone()),
+        (layout::REQUEST.to_string(), Identity, device.full_request.clone()),
+    ];
+    if let Some(share) = &device.share_id {
+        out.push((layout::SHARE_ID.to_string(), Identity, share.clone()));
+    }
+    for (name, attr) in &device.attributes {
+        out.push((name.to_string(), Attribute, attr.value.to_text()));
+        if name.domain == device.driver {
+            out.push((name.name.clone(), ShortAttribute, attr.value.to_text()));
+        }
+    }
+    for (name, quantity) in &device.capacity {
+        out.push((format!("{}/{name}", layout::CAPACITY_DIR), Capacity, quantity.clone()));
+    }
+    if let Some(status) = &device.status {
+        if let Some(v) = &status.interface_name {
+            out.push((layout::STATUS_INTERFACE_NAME.into(), Status, v.clone()));
+        }
+        if !status.ips.is_empty() {
+            out.push((layout::STATUS_IPS.into(), Status, status.ips.join(",")));
+        }
+        if let Some(v) = &status.hardware_address {
+            out.push((layout::STATUS_HARDWARE_ADDRESS.into(), Status, v.clone()));
+        }
+        if let Some(v) = &status.data {
+            out.push((layout::STATUS_DATA.into(), Status, v.to_string()));
+        }
+    }
+    out.push((layout::RECORD.into(), Record, device_record(device).to_string()));
+    out
+}
+
+/// The JSON record of one device: identity, typed attributes, capacity, status.
+pub fn device_record(device: &ResolvedDevice) -> Value {
+    let attributes: serde_json::Map<String, Value> = device
+        .attributes
+        .iter()
+        .map(|(k, a)| (k.to_string(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
+        .collect();
+    let capacity: serde_json::Map<String, Value> =
+        device.capacity.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect();
+    let mut record = json!({
+        "request": device.full_request,
+        "index": device.index,
+        "driver": device.driver,
+        "pool": device.pool,
+        "device": device.device,
+        "attributes": attributes,
+        "capacity": capacity,
+    });
+    if let Some(share) = &device.share_id {
+        record["shareID"] = json!(share);
+    }
+    if let Some(status) = &device.status {
+        record["status"] = serde_json::to_value(status).unwrap_or(Value::Null);
+    }
+    record
+}
+
+fn claim_record(claim: &ResolvedClaim) -> Value {
+    json!({
+        "name": claim.pod_claim,
+        "resourceClaimName": claim.claim_name,
+        "fromTemplate": claim.from_template,
+        "devices": claim.devices.iter().map(device_record).collect::<Vec<_>>(),
+    })
+}
+
+/// A tree built from a resolution, with its readiness.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BuiltTree {
+    pub tree: Tree,
+    /// Everything asked for that is not there: resolver gaps and absent `--require` paths.
+    pub missing: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+impl BuiltTree {
+    pub fn is_ready(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
+/// Lay out the tree for a resolution; `.ready` exists only when nothing is missing.
+pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
+    let mut built = BuiltTree {
+        missing: res.missing.iter().map(ToString::to_string).collect(),
+        warnings: res.warnings.clone(),
+        ..Default::default()
+    };
+    for claim in &res.claims {
+        for device in &claim.devices {
+            let base = format!("{}/{}/{}", claim.pod_claim, device.request, device.index);
+            for (rel, _, content) in device_entries(device) {
+                if let Err(e) = built.tree.insert(&format!("{base}/{rel}"), content) {
+                    built.warnings.push(format!("claim {}: entry skipped: {e}", claim.pod_claim));
+                }
+            }
+        }
+    }
+    for require in requires {
+        if !built.tree.contains(require.as_str()) {
+            built.missing.push(format!("required path {require} does not exist"));
+        }
+    }
+    let whole = json!({
+        "pod": res.pod,
+        "ready": built.missing.is_empty(),
+        "missing": built.missing,
+        "claims": res.claims.iter().map(claim_record).collect::<Vec<_>>(),
+    });
+    let whole = serde_json::to_string_pretty(&whole).unwrap_or_default();
+    // Reserved top-level names never clash: claim names are DNS labels.
+    let _ = built.tree.insert(layout::RECORD, whole);
+    if built.missing.is_empty() {
+        let _ = built.tree.insert(layout::READY, "");
+    }
+    built
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::objects::FileObjects;
+    use crate::model::resolve::{Selection, resolve};
+
+    #[test]
+    fn insert_refuses_escapes_and_conflicts() {
+        let mut t = Tree::default();
+        for bad in ["", "/abs", "a/../b", "a//b", "./a", "a/\0"] {
+            assert_eq!(t.insert(bad, "x"), Err(TreeError::BadPath(bad.into())));
+        }
+        t.insert("a/b", "1").unwrap();
+        assert!(matches!(t.insert("a", "x"), Err(TreeError::Conflict(_))));
+        assert!(matches!(t.insert("a/b/c", "x"), Err(TreeError::Conflict(_))));
+        assert!(t.contains("a") && t.contains("a/b") && !t.contains("a/c"));
+        assert_eq!(t.dirs(), BTreeSet::from(["".to_string(), "a".to_string()]));
+    }
+
+    #[test]
+    fn require_paths_are_validated() {
+        assert!("gpu/gpu/0/uuid".parse::<RequirePath>().is_ok());
+        assert!("gpu/gpu/0/resource.kubernetes.io/pciBusID".parse::<RequirePath>().is_ok());
+        for bad in ["gpu/gpu/uuid", "gpu/../0/x", "gpu/gpu/x/uuid"] {
+            assert!(bad.parse::<RequirePath>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn layout_of_a_gpu() {
+        let text = r#"
+kind: Pod
+metadata: {name: p, namespace: ns}
+spec: {nodeName: n, resourceClaims: [{name: gpu, resourceClaimName: c}]}
+---
+kind: ResourceClaim
+metadata: {name: c, namespace: ns}
+spec: {}
+status: {allocation: {devices: {results: [{request: gpu, driver: gpu.example.com, pool: n, device: g0}]}}}
+---
+kind: ResourceSlice
+metadata: {name: s}
+spec:
+  driver: gpu.example.com
+  nodeName: n
+  pool: {name: n, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: g0
+    attributes: {uuid: {string: GPU-1}, resource.kubernetes.io/pciBusID: {string: "0000:3b:00.0"}}
+    capacity: {memory: {value: 80Gi}}
+"#;
+        let snap = FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap();
+        let res = resolve(&snap, &Selection::default());
+        let ok: RequirePath = "gpu/gpu/0/uuid".parse().unwrap();
+        let built = build(&res, std::slice::from_ref(&ok));
+        assert!(built.is_ready(), "{:?}", built.missing);
+        let t = &built.tree;
+        assert_eq!(t.get("gpu/gpu/0/uuid"), Some(&b"GPU-1"[..]));
+        assert_eq!(t.get("gpu/gpu/0/gpu.example.com/uuid"), Some(&b"GPU-1"[..]));
+        assert_eq!(t.get("gpu/gpu/0/resource.kubernetes.io/pciBusID"), Some(&b"0000:3b:00.0"[..]));
+        assert_eq!(t.get("gpu/gpu/0/pciBusID"), None, "foreign domains have no short form");
+        assert_eq!(t.get("gpu/gpu/0/.capacity/gpu.example.com/memory"), Some(&b"80Gi"[..]));
+        assert_eq!(t.get("gpu/gpu/0/.device"), Some(&b"g0"[..]));
+        assert!(t.get(".ready").is_some());
+        let record: Value = serde_json::from_slice(t.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert_eq!(record["attributes"]["gpu.example.com/uuid"], json!({"string": "GPU-1"}));
+
+        let absent: RequirePath = "gpu/gpu/0/serial".parse().unwrap();
+        let built = build(&res, &[absent]);
+        assert!(!built.is_ready());
+        assert!(built.tree.get(".ready").is_none());
+        assert!(built.missing[0].contains("gpu/gpu/0/serial"));
+    }
+}

@@ -1,0 +1,467 @@
+//! The files backend: a [`Tree`] written into a directory atomically.
+//!
+//! The layout is the kubelet's for downward API and ConfigMap volumes: the payload
+//! goes into a fresh hidden directory `..<stamp>`, the `..data` symlink is swapped
+//! to it with one `rename`, and every top-level entry is a symlink through `..data`.
+//! A reader therefore sees the old tree or the new one, never a mix. Payloads
+//! left by earlier writes (or an earlier, killed process) are removed, but only
+//! those drafs can prove are its own (its name pattern and a marker file inside):
+//! anything else in the directory is never deleted or written through.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::model::tree::Tree;
+
+pub const DATA_LINK: &str = "..data";
+/// Every payload directory drafs writes holds this file: drafs removes only
+/// `..` directories that have it and drafs's name pattern, nothing else.
+const PAYLOAD_MARKER: &str = "..drafs-payload";
+
+/// A filesystem operation that failed, with the path it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("cannot {op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: io::Error },
+    #[error(
+        "refusing to replace {path}: it exists and was not written by drafs (expected a symlink to {DATA_LINK}/{name})"
+    )]
+    Foreign { path: PathBuf, name: String },
+    #[error(
+        "another drafs is writing to {path} (a second init or serve given the same --dir or --metadata-dir?); refusing to write beside it"
+    )]
+    Busy { path: PathBuf },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
+    move |source| WriteError::Io { op, path: path.to_path_buf(), source }
+}
+
+/// Writes trees into one directory; remembers the last one to skip no-op writes.
+///
+/// It holds an exclusive `flock` on the directory from its first write (or
+/// [`AtomicDir::open`]) until it is dropped: two writers would each remove the
+/// other's payload mid-write, so a second one is refused. The lock goes away
+/// with the process, so a restarted drafs (or `serve` after `init`) takes over.
+#[derive(Debug)]
+pub struct AtomicDir {
+    dir: PathBuf,
+    last: Option<Tree>,
+    lock: Option<DirLock>,
+}
+
+/// An exclusive `flock` on a directory drafs writes, held while the value
+/// lives (and so never longer than the process): a second writer is refused
+/// with [`WriteError::Busy`].
+#[derive(Debug)]
+pub struct DirLock {
+    _file: fs::File,
+}
+
+impl DirLock {
+    /// Create `dir` if needed and lock it.
+    pub fn take(dir: &Path) -> Result<DirLock, WriteError> {
+        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        let file = fs::File::open(dir).map_err(io_err("open", dir))?;
+        // SAFETY: flock on a descriptor we own; it has no memory effects.
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(WriteError::Busy { path: dir.to_path_buf() });
+            }
+            // A filesystem without flock: write unguarded rather than not at all.
+            tracing::debug!(dir = %dir.display(), "cannot lock the directory ({err}); writing without the lock");
+        }
+        Ok(DirLock { _file: file })
+    }
+}
+
+impl AtomicDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        AtomicDir { dir: dir.into(), last: None, lock: None }
+    }
+
+    /// Take the directory for this writer now if it exists (a second writer is
+    /// refused at start, [`WriteError::Busy`]); one that does not exist yet is
+    /// created and taken at the first write, so a run that fails before it
+    /// leaves nothing behind.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, WriteError> {
+        let mut out = Self::new(dir);
+        if out.dir.is_dir() {
+            out.lock()?;
+        }
+        Ok(out)
+    }
+
+    fn lock(&mut self) -> Result<(), WriteError> {
+        if self.lock.is_none() {
+            self.lock = Some(DirLock::take(&self.dir)?);
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Write `tree` unless it equals the last tree written; returns whether it wrote.
+    pub fn write(&mut self, tree: &Tree) -> Result<bool, WriteError> {
+        if self.last.as_ref() == Some(tree) {
+            return Ok(false);
+        }
+        self.lock()?;
+        let top = tree.top_level();
+        self.check_top_level(&top)?;
+
+        let payload_name = self.new_payload_dir()?;
+        let payload = self.dir.join(&payload_name);
+        if let Err(e) = write_payload(&payload, tree) {
+            let _ = remove_tree(&payload);
+            return Err(e);
+        }
+
+        // User-visible names new in this tree are linked before the swap: they
+        // lead nowhere until ..data does, so every name (`.ready` too) appears
+        // with the tree it belongs to, never after it. `.ready` goes last anyway.
+        let ready = crate::model::layout::READY;
+        let (last, rest): (Vec<&String>, Vec<&String>) = top.iter().partition(|n| *n == ready);
+        let mut linked = Vec::new();
+        let prelink = || -> Result<(), WriteError> {
+            for name in rest.into_iter().chain(last) {
+                let link = self.dir.join(name);
+                if fs::symlink_metadata(&link).is_err() {
+                    symlink(Path::new(DATA_LINK).join(name), &link).map_err(io_err("create symlink", &link))?;
+                    linked.push(link);
+                }
+            }
+            Ok(())
+        };
+        // Then swap ..data to the new payload in one rename, through a link of a
+        // fresh name (a leftover or foreign entry of any name is never reused).
+        let data = self.dir.join(DATA_LINK);
+        let swapped = prelink().and_then(|()| self.fresh_link(&payload_name)).and_then(|tmp| {
+            fs::rename(&tmp, &data).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io_err("rename into place", &data)(e)
+            })
+        });
+        if let Err(e) = swapped {
+            for link in linked {
+                let _ = fs::remove_file(link);
+            }
+            let _ = remove_tree(&payload);
+            return Err(e);
+        }
+
+        // Drop the names whose target is gone.
+        for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
+            let entry = entry.map_err(io_err("read directory", &self.dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name == DATA_LINK || name == payload_name {
+                continue;
+            }
+            if name.starts_with("..") {
+                // Only an earlier payload of drafs's own; anything else is left alone.
+                if is_our_payload(&path, &name) {
+                    remove_tree(&path)?;
+                } else if is_our_swap_link(&path, &name) {
+                    let _ = fs::remove_file(&path);
+                }
+            } else if !top.contains(&name) && is_our_link(&path, &name) {
+                fs::remove_file(&path).map_err(io_err("remove stale symlink", &path))?;
+            }
+        }
+        self.last = Some(tree.clone());
+        Ok(true)
+    }
+
+    /// Take `.ready` away (after a failed write: the tree there is stale), if it
+    /// is drafs's own link. The next successful write puts it back.
+    pub fn withdraw_ready(&mut self) {
+        let link = self.dir.join(crate::model::layout::READY);
+        if is_our_link(&link, crate::model::layout::READY) {
+            let _ = fs::remove_file(&link);
+        }
+        self.last = None;
+    }
+
+    /// Fail before writing anything if a top-level name is taken by something else.
+    fn check_top_level(&self, top: &BTreeSet<String>) -> Result<(), WriteError> {
+        for name in top {
+            let path = self.dir.join(name);
+            if fs::symlink_metadata(&path).is_ok() && !is_our_link(&path, name) {
+                return Err(WriteError::Foreign { path, name: name.clone() });
+            }
+        }
+        let data = self.dir.join(DATA_LINK);
+        if let Ok(meta) = fs::symlink_metadata(&data)
+            && !meta.file_type().is_symlink()
+        {
+            return Err(WriteError::Foreign { path: data, name: String::new() });
+        }
+        Ok(())
+    }
+
+    /// A new symlink to `target` under a name nobody uses.
+    fn fresh_link(&self, target: &str) -> Result<PathBuf, WriteError> {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for attempt in 0u32.. {
+            let tmp = self.dir.join(format!("..data_tmp.{nanos}.{}.{attempt}", std::process::id()));
+            match symlink(target, &tmp) {
+                Ok(()) => return Ok(tmp),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => continue,
+                Err(e) => return Err(io_err("create symlink", &tmp)(e)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    fn new_payload_dir(&self) -> Result<String, WriteError> {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for attempt in 0u32.. {
+            let name = format!("..{nanos}.{}.{attempt}", std::process::id());
+            let path = self.dir.join(&name);
+            match fs::create_dir(&path) {
+                Ok(()) => return Ok(name),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => continue,
+                Err(e) => return Err(io_err("create directory", &path)(e)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+}
+
+/// `<nanos>.<pid>.<attempt>`: the stamp drafs puts in the names it creates.
+fn is_stamp(rest: &str) -> bool {
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `..<nanos>.<pid>.<attempt>`, a real directory (not a link), with the marker.
+fn is_our_payload(path: &Path, name: &str) -> bool {
+    name.strip_prefix("..").is_some_and(is_stamp)
+        && fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
+        && fs::symlink_metadata(path.join(PAYLOAD_MARKER)).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// A swap link a killed writer left: `..data_tmp.<n>.<n>.<n>` pointing at a payload name.
+fn is_our_swap_link(path: &Path, name: &str) -> bool {
+    name.strip_prefix("..data_tmp.").is_some_and(is_stamp)
+        && fs::read_link(path).is_ok_and(|t| t.to_str().is_some_and(|t| t.starts_with("..") && !t.contains('/')))
+}
+
+fn is_our_link(path: &Path, name: &str) -> bool {
+    fs::read_link(path).is_ok_and(|target| target == Path::new(DATA_LINK).join(name))
+}
+
+fn write_payload(root: &Path, tree: &Tree) -> Result<(), WriteError> {
+    let marker = root.join(PAYLOAD_MARKER);
+    fs::write(&marker, "").map_err(io_err("write", &marker))?;
+    let dirs = tree.dirs();
+    for dir in dirs.iter().filter(|d| !d.is_empty()) {
+        let path = root.join(dir);
+        fs::create_dir(&path).map_err(io_err("create directory", &path))?;
+    }
+    for (rel, content) in tree.files() {
+        let path = root.join(rel);
+        fs::write(&path, content).map_err(io_err("write", &path))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).map_err(io_err("chmod", &path))?;
+    }
+    for dir in dirs.iter().rev() {
+        let path = root.join(dir);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o555)).map_err(io_err("chmod", &path))?;
+    }
+    Ok(())
+}
+
+/// Remove a payload directory; its read-only directories are made writable first
+/// so that an unprivileged process can remove what it wrote.
+pub fn remove_tree(path: &Path) -> Result<(), WriteError> {
+    fn unlock(path: &Path) {
+        if fs::set_permissions(path, fs::Permissions::from_mode(0o755)).is_ok()
+            && let Ok(entries) = fs::read_dir(path)
+        {
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    unlock(&entry.path());
+                }
+            }
+        }
+    }
+    unlock(path);
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(entries: &[(&str, &str)]) -> Tree {
+        Tree::from_pairs(entries)
+    }
+
+    fn payload_dirs(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("..") && n != DATA_LINK)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_swaps_and_cleans_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut w = AtomicDir::new(&dir);
+        assert!(w.write(&tree(&[("gpu/gpu/0/uuid", "A"), (".ready", "")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "A");
+        assert!(dir.join(".ready").exists());
+        let mode = fs::metadata(dir.join("gpu/gpu/0/uuid")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444);
+        let mode = fs::metadata(dir.join("gpu/gpu/0")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o555);
+        assert_eq!(payload_dirs(&dir).len(), 1);
+
+        assert!(!w.write(&tree(&[("gpu/gpu/0/uuid", "A"), (".ready", "")])).unwrap(), "no-op write");
+        assert!(w.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
+        assert!(fs::symlink_metadata(dir.join(".ready")).is_err(), ".ready link removed");
+        assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed");
+
+        // A new writer (a restarted process) takes over and removes the old payload.
+        drop(w);
+        let mut again = AtomicDir::new(&dir);
+        assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
+        assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
+        assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    #[test]
+    fn one_writer_per_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut first = AtomicDir::open(&dir).unwrap();
+        assert!(first.write(&tree(&[("gpu/gpu/0/uuid", "A")])).unwrap());
+        let mut second = AtomicDir::new(&dir);
+        let err = second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap_err();
+        assert!(matches!(err, WriteError::Busy { .. }), "{err}");
+        assert!(matches!(AtomicDir::open(&dir).unwrap_err(), WriteError::Busy { .. }));
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "A", "the first writer's tree is intact");
+        assert_eq!(payload_dirs(&dir).len(), 1, "the refused writer left nothing");
+        drop(first);
+        assert!(second.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
+    }
+
+    /// A reader that sees `.ready` must see the whole tree (docs/tree.md): on
+    /// the first write, and when a later write makes the tree ready.
+    #[test]
+    fn ready_never_appears_before_the_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let ready_tree = tree(&[
+            (".json", "{}"),
+            (".ready", ""),
+            ("gpu/gpu/0/uuid", "A"),
+            ("nics/rdma/0/mtu", "9000"),
+            ("zz/z/0/last", "z"),
+        ]);
+        let waiting = tree(&[(".json", "{}"), ("gpu/gpu/0/uuid", "A")]);
+        let mut early = 0;
+        for round in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            fs::create_dir(&dir).unwrap();
+            let mut w = AtomicDir::new(&dir);
+            if round % 2 == 1 {
+                w.write(&waiting).unwrap();
+            }
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if dir.join(".ready").exists() {
+                            return dir.join("nics/rdma/0/mtu").exists() && dir.join("zz/z/0/last").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&ready_tree).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                early += 1;
+            }
+        }
+        assert_eq!(early, 0, "rounds in which .ready was there before the tree");
+    }
+
+    /// A new top-level name appears with the rest of the new tree, never after it.
+    #[test]
+    fn a_new_top_level_name_appears_with_the_new_tree() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let before = tree(&[(".json", "1"), ("gpu/gpu/0/uuid", "A")]);
+        let after = tree(&[(".json", "2"), ("gpu/gpu/0/uuid", "A"), ("nics/rdma/0/mtu", "9000")]);
+        let mut mixed = 0;
+        for _ in 0..100 {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dra");
+            let mut w = AtomicDir::new(&dir);
+            w.write(&before).unwrap();
+            let (start, done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+            let reader = {
+                let (dir, start, done) = (dir.clone(), start.clone(), done.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        if fs::read_to_string(dir.join(".json")).is_ok_and(|j| j == "2") {
+                            return dir.join("nics/rdma/0/mtu").exists();
+                        }
+                        if finished {
+                            return true;
+                        }
+                    }
+                })
+            };
+            start.wait();
+            w.write(&after).unwrap();
+            done.store(true, Ordering::Release);
+            if !reader.join().unwrap() {
+                mixed += 1;
+            }
+        }
+        assert_eq!(mixed, 0, "rounds in which the new .json was there without the new claim");
+    }
+
+    #[test]
+    fn refuses_foreign_entries_without_writing() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("gpu"), "mine").unwrap();
+        let mut w = AtomicDir::new(tmp.path());
+        let err = w.write(&tree(&[("gpu/gpu/0/uuid", "A")])).unwrap_err();
+        assert!(matches!(err, WriteError::Foreign { .. }), "{err}");
+        assert_eq!(fs::read_to_string(tmp.path().join("gpu")).unwrap(), "mine");
+        assert!(payload_dirs(tmp.path()).is_empty());
+        assert!(fs::symlink_metadata(tmp.path().join(DATA_LINK)).is_err());
+    }
+}

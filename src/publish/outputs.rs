@@ -1,0 +1,307 @@
+//! The fan-out: each tree the engine resolves goes to every output (the tree,
+//! and the standard view when asked), written off the runtime thread, one
+//! write at a time, retried when it fails; readiness changes are reported to
+//! the log, the metrics and the pod's Events once the tree that carries them
+//! is written.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::model::backoff::RetryBackoff;
+use crate::model::metadata::{self, Generations};
+use crate::model::publication::{Publication, Transition};
+use crate::model::resolve::Resolution;
+use crate::model::tree::BuiltTree;
+use crate::publish::events::{self, Events, Note};
+use crate::publish::files::{AtomicDir, WriteError};
+use crate::publish::fuse::FuseMount;
+use crate::publish::metadata_dir::{MetadataDir, MetadataDirError, read_generations};
+use crate::publish::metrics::Metrics;
+
+/// Where the tree goes: files swapped atomically, or a FUSE mount.
+pub enum TreeOutput {
+    Files(AtomicDir),
+    Fuse(FuseMount),
+}
+
+/// An output that could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("tree: {0}")]
+    Tree(#[source] WriteError),
+    #[error("metadata view: {0}")]
+    Metadata(#[source] MetadataDirError),
+    #[error("the writer stopped unexpectedly")]
+    WriterGone,
+}
+
+/// Publishes each new tree and, when asked, the metadata view: the fan-out.
+pub struct Publisher {
+    tree: TreeOutput,
+    metadata: Option<(MetadataDir, Generations)>,
+}
+
+impl Publisher {
+    /// Takes the metadata directory for this writer (a second one is refused),
+    /// leaving the files of `from_drivers` to those drivers.
+    pub fn new(
+        tree: TreeOutput,
+        metadata_dir: Option<&Path>,
+        from_drivers: &[String],
+    ) -> Result<Self, MetadataDirError> {
+        // Generations go on from what is in the directory (a restart, or serve after init).
+        let metadata = match metadata_dir {
+            Some(d) => Some((MetadataDir::open(d, from_drivers.iter().cloned())?, read_generations(d))),
+            None => None,
+        };
+        Ok(Publisher { tree, metadata })
+    }
+
+    /// Write every output; one that fails does not keep the others from being written.
+    pub fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), PublishError> {
+        let mut failed = None;
+        // The standard view is written only when complete, like the kubelet's
+        // files: until then, and when a device drops out later, the last
+        // complete files stay.
+        if let Some((dir, generations)) = self.metadata.as_mut().filter(|_| res.is_complete()) {
+            let mut warnings = Vec::new();
+            let view = metadata::build(res, generations, &mut warnings);
+            for w in warnings {
+                warn!("{w}");
+            }
+            if let Err(e) = dir.write(&view) {
+                failed = Some(PublishError::Metadata(e));
+            }
+        }
+        match &mut self.tree {
+            TreeOutput::Files(dir) => {
+                if let Err(e) = dir.write(&built.tree) {
+                    // What is there is stale now: not ready until a write succeeds.
+                    dir.withdraw_ready();
+                    failed = Some(PublishError::Tree(e));
+                }
+            }
+            TreeOutput::Fuse(mount) => mount.update(&built.tree),
+        }
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// A readiness change, reported once the tree that carries it is written.
+struct Report {
+    transition: Transition,
+    uid: Option<String>,
+}
+
+/// What a write off the runtime thread gives back.
+pub type Written = (Publisher, Publication, Result<(), PublishError>);
+
+/// Writes trees off the runtime thread (a slow disk must not stall watches or
+/// `/readyz`), one at a time: a publication that comes while a write runs
+/// waits, and a newer one replaces it (the latest state wins), so a burst of
+/// changes costs the write in progress and one more. A failed write is
+/// retried with backoff. Readiness changes are reported to the log, the
+/// metrics and the pod's Events from one place, once the tree that carries
+/// them is written.
+pub struct Outputs {
+    /// None while a write runs (it has the publisher).
+    publisher: Option<Publisher>,
+    writing: Option<tokio::task::JoinHandle<Written>>,
+    /// Reported when the write in progress is done.
+    writing_reports: Vec<Report>,
+    /// The newest publication not written yet.
+    pending: Option<Publication>,
+    pending_reports: Vec<Report>,
+    metrics: Arc<Metrics>,
+    events: Events,
+    dir: PathBuf,
+    /// The last write failed (its publication is pending again).
+    failing: bool,
+    /// Files in the last tree written.
+    files: usize,
+    retry: RetryBackoff,
+    retry_at: Option<Instant>,
+}
+
+impl Outputs {
+    pub fn new(publisher: Publisher, metrics: Arc<Metrics>, events: Events, dir: &Path) -> Self {
+        Outputs {
+            publisher: Some(publisher),
+            writing: None,
+            writing_reports: Vec::new(),
+            pending: None,
+            pending_reports: Vec::new(),
+            metrics,
+            events,
+            dir: dir.to_path_buf(),
+            failing: false,
+            files: 0,
+            retry: RetryBackoff::default(),
+            retry_at: None,
+        }
+    }
+
+    /// Take a step's publication and transition: written at once if no write
+    /// runs, else after it (replacing a publication still waiting).
+    pub fn submit(&mut self, publication: Option<Publication>, transition: Option<Transition>, uid: Option<String>) {
+        if let Some(transition) = transition {
+            self.pending_reports.push(Report { transition, uid });
+        }
+        if let Some(publication) = publication {
+            if !publication.built.is_ready() {
+                // Not ready is true already before the files are written; ready only after.
+                self.metrics.not_ready(&publication.built.missing);
+            }
+            self.pending = Some(publication);
+            // A new state is written at once, even while an older one waits for its retry.
+            self.retry_at = None;
+        }
+        self.start_next();
+    }
+
+    /// Start writing the pending publication if nothing is being written and
+    /// no retry is due later; report what waits for no tree.
+    fn start_next(&mut self) {
+        if self.writing.is_some() || self.retry_at.is_some() {
+            return;
+        }
+        let Some(publication) = self.pending.take() else {
+            for report in std::mem::take(&mut self.pending_reports) {
+                self.report(report, self.files);
+            }
+            return;
+        };
+        let Some(mut publisher) = self.publisher.take() else {
+            self.pending = Some(publication);
+            return;
+        };
+        self.writing_reports = std::mem::take(&mut self.pending_reports);
+        self.writing = Some(tokio::task::spawn_blocking(move || {
+            let result = publisher.publish(&publication.resolution, &publication.built);
+            (publisher, publication, result)
+        }));
+    }
+
+    /// Until the write in progress is done (forever when none runs).
+    pub async fn write_done(&mut self) -> Option<Written> {
+        Self::wait_for(&mut self.writing).await
+    }
+
+    async fn wait_for(writing: &mut Option<tokio::task::JoinHandle<Written>>) -> Option<Written> {
+        match writing {
+            Some(task) => {
+                let written = task.await.ok();
+                *writing = None;
+                written
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A write is in progress.
+    pub fn is_writing(&self) -> bool {
+        self.writing.is_some()
+    }
+
+    /// When a failed write is tried again, if one failed.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
+    /// Queue an Event on the pod (the run's outcome, say).
+    pub fn record(&self, note: Note) {
+        self.events.record(note);
+    }
+
+    /// Send the Events still queued, as far as the API server lets them through.
+    pub async fn finish(self) {
+        self.events.finish().await;
+    }
+
+    /// A write ended: count it, report its transitions, and start the next one.
+    pub fn finish_write(&mut self, written: Option<Written>) -> Result<(), PublishError> {
+        let Some((publisher, publication, result)) = written else {
+            return Err(PublishError::WriterGone);
+        };
+        self.publisher = Some(publisher);
+        let built = &publication.built;
+        let files = built.tree.len();
+        match &result {
+            Ok(()) => {
+                self.files = files;
+                self.metrics.tree_published(built.is_ready(), files, &built.missing);
+                if std::mem::take(&mut self.failing) {
+                    info!("outputs written again");
+                }
+                self.retry.reset();
+            }
+            Err(e) => {
+                self.metrics.not_ready(&[format!("output failed: {e}")]);
+                let after = self.retry.next().unwrap_or_default();
+                warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
+                if !std::mem::replace(&mut self.failing, true) {
+                    let message = format!("cannot write the outputs: {e}; retrying");
+                    self.events.record(Note { warning: true, reason: events::NOT_READY, message, uid: None });
+                }
+                // Written again later, unless a newer state came meanwhile.
+                if self.pending.is_none() {
+                    self.pending = Some(publication);
+                    self.retry_at = Some(Instant::now() + after);
+                }
+            }
+        }
+        for report in std::mem::take(&mut self.writing_reports) {
+            self.report(report, files);
+        }
+        self.start_next();
+        result
+    }
+
+    pub fn retry_failed(&mut self) {
+        self.retry_at = None;
+        self.start_next();
+    }
+
+    /// At the end of a run: write what is pending now (no retry is waited
+    /// for) and wait for the writes; the first error, if any.
+    pub async fn flush(&mut self) -> Result<(), PublishError> {
+        let mut outcome = Ok(());
+        self.retry_at = None;
+        self.start_next();
+        while self.writing.is_some() {
+            let written = self.write_done().await;
+            if let Err(e) = self.finish_write(written)
+                && outcome.is_ok()
+            {
+                outcome = Err(e);
+            }
+        }
+        outcome
+    }
+
+    fn report(&self, report: Report, files: usize) {
+        let Report { transition, uid } = report;
+        let note =
+            |warning: bool, reason: &'static str, message: String| Note { warning, reason, message, uid: uid.clone() };
+        match transition {
+            Transition::Waiting { missing } => info!("waiting for: {}", missing.join("; ")),
+            Transition::Ready { summary } => {
+                info!(dir = %self.dir.display(), files, %summary, "ready");
+                self.events.record(note(false, events::READY, summary));
+            }
+            Transition::Updated => info!(files, "tree updated"),
+            Transition::Lost { missing } => {
+                let message = format!("no longer ready, values removed: {}", missing.join("; "));
+                warn!("{message}");
+                self.events.record(note(true, events::NOT_READY, message));
+            }
+            Transition::Recovered => {
+                info!(files, "ready again");
+                self.events.record(note(false, events::READY, "ready again".into()));
+            }
+        }
+    }
+}
