@@ -58,24 +58,27 @@ pub fn private() -> Option<ControlPlane> {
 /// The directory holding kube-apiserver, etcd, kubectl and metadata.test (built once, cached).
 pub fn binaries() -> Result<PathBuf, String> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = super::repo_path("tests/kube/build.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!("{} failed ({})", script.display(), out.status));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let dir = text.lines().last().unwrap_or_default().trim();
-        if dir.is_empty() {
-            return Err(format!("{} printed no directory", script.display()));
-        }
-        Ok(PathBuf::from(dir))
-    })
-    .clone()
+    BIN.get_or_init(|| cached_build("tests/kube/build.sh")).clone()
+}
+
+/// Run a build script of the repository that prints, last, the directory of
+/// what it built (cached outside the checkout); that directory.
+pub fn cached_build(script: &str) -> Result<PathBuf, String> {
+    let script = super::repo_path(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dir = text.lines().last().unwrap_or_default().trim();
+    if dir.is_empty() {
+        return Err(format!("{} printed no directory", script.display()));
+    }
+    Ok(PathBuf::from(dir))
 }
 
 /// Children started here die with the process: they are spawned from a thread

@@ -10,6 +10,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod controlplane;
+pub mod helm;
 pub mod node;
 pub mod objects;
 pub mod process;

@@ -1,0 +1,86 @@
+{{/* The name of every object: the release's, shortened to a DNS label. */}}
+{{- define "drafs.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "drafs.webhook" -}}{{ include "drafs.fullname" . }}-webhook{{- end -}}
+
+{{- define "drafs.selectorLabels" -}}
+app.kubernetes.io/name: drafs-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "drafs.labels" -}}
+{{ include "drafs.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* One image for the webhook and for the container it injects. */}}
+{{- define "drafs.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The name the API server calls, which the serving certificate must cover. */}}
+{{- define "drafs.dnsName" -}}
+{{ include "drafs.webhook" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- define "drafs.tlsSecret" -}}
+{{- if eq .Values.certificate.source "secret" -}}
+{{- required "certificate.secretName is required with certificate.source=secret" .Values.certificate.secretName -}}
+{{- else -}}
+{{ include "drafs.webhook" . }}-tls
+{{- end -}}
+{{- end -}}
+
+{{/*
+The generated CA and serving certificate. The CA is kept in a Secret of its
+own and reused on every upgrade (looked up), so caBundle never changes; the
+serving certificate is reissued from it. Rendered once per release operation
+and shared by the Secrets and the webhook configuration.
+*/}}
+{{- define "drafs.generated" -}}
+{{- $caName := printf "%s-ca" (include "drafs.webhook" .) -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $caName -}}
+{{- $ca := dict -}}
+{{- if and $existing (index ($existing.data | default dict) "tls.crt") -}}
+{{- $ca = buildCustomCert (index $existing.data "tls.crt") (index $existing.data "tls.key") -}}
+{{- else -}}
+{{- $ca = genCA (printf "%s CA" (include "drafs.webhook" .)) (int .Values.certificate.caValidityDays) -}}
+{{- end -}}
+{{- $dns := include "drafs.dnsName" . -}}
+{{- $leaf := genSignedCert $dns nil (list $dns (printf "%s.cluster.local" $dns)) (int .Values.certificate.validityDays) $ca -}}
+{{- dict "caCert" $ca.Cert "caKey" $ca.Key "cert" $leaf.Cert "key" $leaf.Key | toJson -}}
+{{- end -}}
+
+{{/* One entry of the MutatingWebhookConfiguration: root, path, caBundle. */}}
+{{- define "drafs.webhookEntry" -}}
+admissionReviewVersions: [v1]
+clientConfig:
+  service:
+    namespace: {{ .root.Release.Namespace }}
+    name: {{ include "drafs.webhook" .root }}
+    path: {{ .path }}
+    port: 443
+  {{- with .caBundle }}
+  caBundle: {{ . }}
+  {{- end }}
+rules:
+- operations: [CREATE]
+  apiGroups: [""]
+  apiVersions: [v1]
+  resources: [pods]
+  scope: Namespaced
+failurePolicy: {{ .root.Values.failurePolicy }}
+sideEffects: None
+timeoutSeconds: {{ .root.Values.timeoutSeconds }}
+matchPolicy: Equivalent
+# The patch is complete in one call; a second finds drafs there and changes nothing.
+reinvocationPolicy: Never
+{{- end -}}

@@ -1,0 +1,266 @@
+//! The Helm chart (deploy/helm/drafs) with a real helm, built from its Go
+//! module, against the real kube-apiserver of the kube tier: lint, render,
+//! server-side validation under the restricted Pod Security level, and
+//! install, upgrade and uninstall.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::{Value, json};
+use support::controlplane::{self, ControlPlane};
+use support::*;
+
+const CHART: &str = "deploy/helm/drafs";
+
+fn helm_ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = helm::run(cp, args);
+    assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// `helm template drafs CHART -n drafs-system ARGS`, as documents.
+fn render(cp: &ControlPlane, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["template", "drafs", CHART, "--namespace", "drafs-system"];
+    all.extend_from_slice(args);
+    yaml_docs(&helm_ok(cp, &all)).into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:?}"))
+}
+
+fn kinds_and_names(docs: &[Value]) -> BTreeSet<(String, String)> {
+    docs.iter()
+        .map(|d| (d["kind"].as_str().unwrap().to_string(), d["metadata"]["name"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn restricted_namespace(cp: &ControlPlane, name: &str) {
+    cp.ensure(&json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }));
+}
+
+/// Apply documents with kubectl (dry run on the server when asked); its output.
+fn kubectl_apply(cp: &ControlPlane, docs: &[Value], dry_run: bool) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("objects.json");
+    std::fs::write(&file, json!({"apiVersion": "v1", "kind": "List", "items": docs}).to_string()).unwrap();
+    let mut args = vec!["apply", "--validate=strict", "-f", file.to_str().unwrap()];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    cp.kubectl(&args)
+}
+
+#[test]
+fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
+    let Some(cp) = controlplane::shared() else { return };
+    let lint = helm_ok(cp, &["lint", CHART, "--strict"]);
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    // The same objects as the kustomize base with its manual certificate.
+    let docs = render(cp, &[]);
+    let rendered = kinds_and_names(&docs);
+    for object in [
+        ("Deployment", "drafs-webhook"),
+        ("Service", "drafs-webhook"),
+        ("ServiceAccount", "drafs-webhook"),
+        ("PodDisruptionBudget", "drafs-webhook"),
+        ("MutatingWebhookConfiguration", "drafs"),
+        ("Secret", "drafs-webhook-tls"),
+        ("ClusterRole", "drafs-resourceslices"),
+    ] {
+        assert!(rendered.contains(&(object.0.to_string(), object.1.to_string())), "{object:?} not in {rendered:?}");
+    }
+    let kustomized = cp.kubectl(&["kustomize", repo_path("deploy/webhook/core").to_str().unwrap()]);
+    assert!(kustomized.status.success(), "{}", stderr(&kustomized));
+    for (kind, name) in kinds_and_names(&yaml_docs(&stdout(&kustomized))) {
+        // The chart leaves the namespace to `helm install --create-namespace`.
+        if kind != "Namespace" {
+            assert!(rendered.contains(&(kind.clone(), name.clone())), "the chart lacks {kind} {name}");
+        }
+    }
+
+    // Valid for the real API server, and the webhook's pods meet restricted.
+    restricted_namespace(cp, "drafs-system");
+    let applied = kubectl_apply(cp, &docs, true);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    assert!(!stderr(&applied).contains("PodSecurity"), "{}", stderr(&applied));
+
+    // One image setting reaches the webhook and the container it injects.
+    let docs = render(cp, &["--set", "image.repository=registry.example/drafs", "--set", "image.tag=1.2.3"]);
+    let container = &find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example/drafs:1.2.3");
+    let env = container["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "DRAFS_IMAGE" && e["value"] == "registry.example/drafs:1.2.3"), "{env:?}");
+
+    // The settings a platform team sets.
+    let docs = render(
+        cp,
+        &[
+            "--set",
+            "failurePolicy=Ignore",
+            "--set",
+            "priorityClassName=system-cluster-critical",
+            "--set",
+            "replicas=3",
+            "--set",
+            "nodeSelector.role=infra",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "networkPolicy.enabled=true",
+        ],
+    );
+    let config = find(&docs, "MutatingWebhookConfiguration");
+    assert!(config["webhooks"].as_array().unwrap().iter().all(|w| w["failurePolicy"] == "Ignore"), "{config}");
+    let spec = &find(&docs, "Deployment")["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert_eq!(spec["template"]["spec"]["priorityClassName"], "system-cluster-critical");
+    assert_eq!(spec["template"]["spec"]["nodeSelector"]["role"], "infra");
+    let ports = find(&docs, "Service")["spec"]["ports"].clone();
+    assert!(ports.as_array().unwrap().iter().any(|p| p["name"] == "metrics" && p["port"] == 9090), "{ports}");
+    assert_eq!(find(&docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"], "metrics");
+    find(&docs, "NetworkPolicy");
+}
+
+#[test]
+fn the_cert_manager_route_keeps_one_ca_across_renewals() {
+    let Some(cp) = controlplane::shared() else { return };
+    let docs = render(cp, &["--set", "certificate.source=cert-manager"]);
+    let config = find(&docs, "MutatingWebhookConfiguration");
+    assert_eq!(config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], "drafs-system/drafs-webhook");
+    assert!(config["webhooks"][0]["clientConfig"]["caBundle"].is_null(), "cert-manager injects it");
+    // selfSigned Issuer → CA Certificate → CA Issuer → serving Certificate:
+    // the serving certificate's issuer is a CA that renewals do not change.
+    let by_name = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let serving = by_name("Certificate", "drafs-webhook");
+    assert_eq!(serving["spec"]["secretName"], "drafs-webhook-tls");
+    assert!(serving["spec"]["dnsNames"].as_array().unwrap().contains(&json!("drafs-webhook.drafs-system.svc")));
+    let ca_issuer = by_name("Issuer", serving["spec"]["issuerRef"]["name"].as_str().unwrap());
+    let ca_secret = ca_issuer["spec"]["ca"]["secretName"].as_str().expect("a CA issuer").to_string();
+    let ca = docs
+        .iter()
+        .find(|d| d["kind"] == "Certificate" && d["spec"]["secretName"] == ca_secret.as_str())
+        .expect("a Certificate makes the CA");
+    assert_eq!(ca["spec"]["isCA"], true);
+    let root = by_name("Issuer", ca["spec"]["issuerRef"]["name"].as_str().unwrap());
+    assert!(root["spec"]["selfSigned"].is_object(), "{root}");
+    assert!(!kinds_and_names(&docs).contains(&("Secret".into(), "drafs-webhook-tls".into())), "cert-manager writes it");
+}
+
+#[test]
+fn bad_values_are_refused_with_the_reason() {
+    let Some(cp) = controlplane::shared() else { return };
+    for (set, reason) in [
+        ("certificate.source=vault", "certificate.source must be generate, cert-manager or secret"),
+        ("failurePolicy=Sometimes", "failurePolicy must be Fail or Ignore"),
+        ("certificate.source=secret", "certificate.secretName is required"),
+        ("certificate.source=secret,certificate.secretName=mine", "certificate.caBundle (base64 PEM"),
+    ] {
+        let out = helm::run(cp, &["template", "drafs", CHART, "--set", set]);
+        assert!(!out.status.success(), "{set} was rendered");
+        assert!(stderr(&out).contains(reason), "{set}: {}", stderr(&out));
+    }
+}
+
+/// The PEM certificates of a Secret's key, decoded.
+fn secret_pem(cp: &ControlPlane, name: &str, key: &str) -> Vec<u8> {
+    let secret =
+        cp.get(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "drafs-system"}}));
+    let secret = secret.unwrap_or_else(|| panic!("no Secret {name}"));
+    base64_decode(secret["data"][key].as_str().unwrap())
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("printf %s '{text}' | base64 -d")])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// `openssl verify` of a serving certificate against a CA bundle, checking
+/// the name the API server calls.
+fn verifies(dir: &Path, ca: &[u8], cert: &[u8], host: &str) -> Result<(), String> {
+    std::fs::write(dir.join("ca.pem"), ca).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert).unwrap();
+    let out = std::process::Command::new("openssl")
+        .args(["verify", "-verify_hostname", host, "-CAfile"])
+        .arg(dir.join("ca.pem"))
+        .arg(dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    if out.status.success() { Ok(()) } else { Err(format!("{}{}", stdout(&out), stderr(&out))) }
+}
+
+fn ca_bundle(cp: &ControlPlane) -> Vec<u8> {
+    let config = cp
+        .get(&json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                     "metadata": {"name": "drafs"}}))
+        .expect("the webhook configuration is installed");
+    let bundles: BTreeSet<&str> = config["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["clientConfig"]["caBundle"].as_str().unwrap())
+        .collect();
+    assert_eq!(bundles.len(), 1, "every entry trusts the same CA: {config}");
+    base64_decode(bundles.first().unwrap())
+}
+
+#[test]
+fn install_upgrade_and_uninstall_keep_the_ca_and_remove_everything() {
+    let Some(cp) = controlplane::private() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    restricted_namespace(&cp, "drafs-system");
+    let host = "drafs-webhook.drafs-system.svc";
+    helm_ok(&cp, &["install", "drafs", CHART, "--namespace", "drafs-system"]);
+    let ca = ca_bundle(&cp);
+    let leaf = secret_pem(&cp, "drafs-webhook-tls", "tls.crt");
+    verifies(scratch.path(), &ca, &leaf, host).expect("the serving certificate verifies against caBundle");
+
+    // An upgrade (a new image, more replicas) reissues the serving certificate
+    // from the same CA: caBundle does not change, so no review is refused.
+    helm_ok(
+        &cp,
+        &["upgrade", "drafs", CHART, "--namespace", "drafs-system", "--set", "replicas=3", "--set", "image.tag=0.2.0"],
+    );
+    assert_eq!(ca_bundle(&cp), ca, "caBundle changed on upgrade");
+    let renewed = secret_pem(&cp, "drafs-webhook-tls", "tls.crt");
+    verifies(scratch.path(), &ca, &renewed, host).expect("the reissued certificate verifies against caBundle");
+    let deployment = cp
+        .get(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                     "metadata": {"name": "drafs-webhook", "namespace": "drafs-system"}}))
+        .unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "drafs:0.2.0");
+    assert!(container["env"].as_array().unwrap().iter().any(|e| e["value"] == "drafs:0.2.0"), "{container}");
+
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
+    for (api, kind, name, ns) in [
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "drafs", None),
+        ("apps/v1", "Deployment", "drafs-webhook", Some("drafs-system")),
+        ("v1", "Secret", "drafs-webhook-tls", Some("drafs-system")),
+        ("v1", "Secret", "drafs-webhook-ca", Some("drafs-system")),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", "drafs-resourceslices", None),
+    ] {
+        let mut meta = json!({"name": name});
+        if let Some(ns) = ns {
+            meta["namespace"] = json!(ns);
+        }
+        let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta}));
+        assert!(object.is_none(), "{kind} {name} left after uninstall");
+    }
+}

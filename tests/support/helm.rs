@@ -1,0 +1,32 @@
+//! helm, built from its Go module (tests/helm/build.sh, cached), run against
+//! a real control plane as its admin.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use super::controlplane::ControlPlane;
+
+/// The directory holding `helm` (built once, cached outside the checkout).
+pub fn binary() -> PathBuf {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = BIN.get_or_init(|| super::controlplane::cached_build("tests/helm/build.sh")).clone();
+    dir.unwrap_or_else(|e| panic!("helm could not be built: {e}")).join("helm")
+}
+
+/// `helm ARGS` with the control plane's admin kubeconfig, from the repository
+/// root, with its caches and config in the control plane's directory.
+pub fn run(cp: &ControlPlane, args: &[&str]) -> Output {
+    let home = cp.dir().join("helm");
+    Command::new(binary())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(cp.dir().join("admin.kubeconfig"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("helm runs")
+}
