@@ -182,10 +182,8 @@ fn secret_pem(cp: &ControlPlane, name: &str, key: &str) -> Vec<u8> {
 }
 
 fn base64_decode(text: &str) -> Vec<u8> {
-    let out = std::process::Command::new("sh")
-        .args(["-c", &format!("printf %s '{text}' | base64 -d")])
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new("sh").args(["-c", &format!("printf %s '{text}' | base64 -d")]).output().unwrap();
     assert!(out.status.success());
     out.stdout
 }
@@ -262,5 +260,93 @@ fn install_upgrade_and_uninstall_keep_the_ca_and_remove_everything() {
         }
         let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta}));
         assert!(object.is_none(), "{kind} {name} left after uninstall");
+    }
+}
+
+/// A pod with one claim (or none) and the given labels, for a server-side
+/// dry-run create: what the API server would store, after admission.
+fn pod(ns: &str, name: &str, labels: Value, claims: bool) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+    });
+    if claims {
+        pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "gpu"}]);
+        pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    }
+    pod
+}
+
+/// The drafs container the API server would store for `pod` (none: `None`),
+/// through a server-side dry-run create that runs the admission webhooks.
+fn drafs_container(cp: &ControlPlane, pod: &Value) -> Option<Value> {
+    let path = format!("/api/v1/namespaces/{}/pods?dryRun=All", pod["metadata"]["namespace"].as_str().unwrap());
+    let (code, text) = cp.raw("POST", &path, Some(pod), "application/json").unwrap();
+    assert!(code == 200 || code == 201, "HTTP {code}: {text}");
+    let stored: Value = serde_json::from_str(&text).unwrap();
+    stored["spec"]["initContainers"].as_array().into_iter().flatten().find(|c| c["name"] == "drafs").cloned()
+}
+
+#[test]
+fn namespace_and_pod_labels_choose_who_gets_drafs() {
+    let Some(cp) = controlplane::private() else { return };
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let hook = webhook::WebhookProcess::start(&["--namespace-mode", "sidecar-files", "--metrics-addr", &metrics]);
+    let reviewed = || webhook::reviews_answered(&http_get(&metrics, "/metrics").expect("metrics").1);
+    let ca = std::fs::read(hook.ca()).unwrap();
+    let ca = serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap();
+    restricted_namespace(&cp, "drafs-system");
+    let url = format!("https://{}", hook.addr);
+    helm_ok(
+        &cp,
+        &[
+            "install",
+            "drafs",
+            CHART,
+            "--namespace",
+            "drafs-system",
+            "--set",
+            &format!("webhookURL={url}"),
+            "--set",
+            "certificate.source=secret",
+            "--set",
+            "certificate.secretName=unused",
+            "--set",
+            &format!("certificate.caBundle={}", ca.as_str().unwrap()),
+        ],
+    );
+    for (name, labels) in [("opted-in", json!({"drafs.dev/inject": "enabled"})), ("plain", json!({}))] {
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}));
+        // No controller-manager here: the accounts the pods run as, by hand.
+        for account in ["default", "drafs"] {
+            cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                              "metadata": {"name": account, "namespace": name}}));
+        }
+    }
+    let mode = |c: &Option<Value>| match c {
+        None => "none",
+        Some(c) if c["restartPolicy"] == "Always" => "sidecar",
+        Some(_) => "init",
+    };
+    // The API server picks a new configuration up asynchronously.
+    wait_until("the webhook configuration to take effect", std::time::Duration::from_secs(30), || {
+        drafs_container(&cp, &pod("plain", "probe", json!({"drafs.dev/inject": "init"}), true)).is_some()
+    });
+    let cases = [
+        // (namespace, pod labels, claims, what the pod gets, reviews the API server asks for)
+        ("opted-in", json!({}), true, "sidecar", 1),
+        ("opted-in", json!({"drafs.dev/inject": "init"}), true, "init", 1),
+        ("opted-in", json!({"drafs.dev/inject": "disabled"}), true, "none", 0),
+        ("opted-in", json!({}), false, "none", 1),
+        ("plain", json!({}), true, "none", 0),
+        ("plain", json!({"drafs.dev/inject": "init"}), true, "init", 1),
+        ("plain", json!({"drafs.dev/inject": "disabled"}), true, "none", 1),
+    ];
+    for (i, (ns, labels, claims, want, reviews)) in cases.iter().enumerate() {
+        let before = reviewed();
+        let got = drafs_container(&cp, &pod(ns, &format!("p{i}"), labels.clone(), *claims));
+        assert_eq!(mode(&got), *want, "namespace {ns}, labels {labels}, claims {claims}: {got:?}");
+        assert_eq!(reviewed() - before, *reviews, "reviews for namespace {ns}, labels {labels}, claims {claims}");
     }
 }

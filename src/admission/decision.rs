@@ -127,8 +127,22 @@ fn is_array(raw: &RawValue) -> bool {
     raw.get().starts_with('[')
 }
 
+/// Why the API server sent the pod (which webhook entry matched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptIn {
+    /// The pod is labelled `drafs.dev/inject` (`POST /mutate`).
+    Pod,
+    /// The pod's namespace is labelled `drafs.dev/inject=enabled`
+    /// (`POST /mutate/namespace`): a pod without the label gets this mode,
+    /// and one without resource claims is admitted unchanged, silently.
+    Namespace(Mode),
+}
+
+/// The label value that opts a pod out, whatever its namespace says.
+pub const DISABLED: &str = "disabled";
+
 /// Answer one AdmissionReview (the request body) with another (the response body).
-pub fn review(body: &[u8], image: &str) -> Result<(Value, Verdict), ReviewError> {
+pub fn review(body: &[u8], image: &str, opt_in: OptIn) -> Result<(Value, Verdict), ReviewError> {
     let not_a_review = |e: serde_json::Error| match e.classify() {
         serde_json::error::Category::Data => ReviewError::NotAReview(String::new(), String::new()),
         _ => ReviewError::NotJson(e),
@@ -141,7 +155,7 @@ pub fn review(body: &[u8], image: &str) -> Result<(Value, Verdict), ReviewError>
         _ => return Err(ReviewError::NotAReview(api_version, kind)),
     };
     let uid = string(request.uid).filter(|u| !u.is_empty()).ok_or(ReviewError::NoUid)?;
-    let verdict = decide(&request, image)?;
+    let verdict = decide(&request, image, opt_in)?;
     let mut response = json!({"uid": uid, "allowed": !matches!(verdict, Verdict::Denied { .. })});
     match &verdict {
         Verdict::Allowed { warnings } => add_warnings(&mut response, warnings),
@@ -168,7 +182,7 @@ fn allowed() -> Verdict {
     Verdict::Allowed { warnings: Vec::new() }
 }
 
-fn decide(request: &RequestPart, image: &str) -> Result<Verdict, ReviewError> {
+fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, ReviewError> {
     let kind: Option<KindPart> = request.kind.and_then(|k| serde_json::from_str(k.get()).ok());
     let is_pod =
         kind.is_some_and(|k| string(k.group).as_deref() == Some("") && string(k.kind).as_deref() == Some("Pod"));
@@ -193,10 +207,14 @@ fn decide(request: &RequestPart, image: &str) -> Result<Verdict, ReviewError> {
         }
         Err(e) => return Err(ReviewError::Internal(e.to_string())),
     };
-    let Some(label) = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)) else {
-        return Ok(allowed());
+    let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).cloned();
+    let mode = match (&label, opt_in) {
+        (Some(label), _) if label.as_str() == Some(DISABLED) => return Ok(allowed()),
+        (Some(label), _) => label.clone(),
+        (None, OptIn::Namespace(mode)) => json!(mode.label()),
+        (None, OptIn::Pod) => return Ok(allowed()),
     };
-    let opts = match options(&pod, label, image) {
+    let opts = match options(&pod, &mode, image) {
         Ok(opts) => opts,
         Err(message) => return Ok(Verdict::Denied { message }),
     };
@@ -212,6 +230,8 @@ fn decide(request: &RequestPart, image: &str) -> Result<Verdict, ReviewError> {
         Some(Outcome::InjectedKeepingAccount { account, .. }) => vec![format!(
             "drafs runs as the pod's service account {account:?}, which needs drafs's RBAC (drafs manifests rbac --namespace NS --service-account {account}); its token stays mounted in every container"
         )],
+        // Most pods of an opted-in namespace use no device: nothing to say.
+        Some(Outcome::NoClaims(_)) if label.is_none() => return Ok(allowed()),
         Some(Outcome::NoClaims(_)) => {
             return Ok(Verdict::Allowed {
                 warnings: vec![format!(
@@ -889,7 +909,7 @@ mod tests {
     #[test]
     fn a_labelled_pod_gets_exactly_what_inject_gives() {
         let pod = pod_with(|_| {});
-        let (response, verdict) = review(&request(pod.clone()), "registry.example/drafs:1").unwrap();
+        let (response, verdict) = review(&request(pod.clone()), "registry.example/drafs:1", OptIn::Pod).unwrap();
         assert_eq!(verdict.label(), "patched");
         let r = &response["response"];
         assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
@@ -912,6 +932,45 @@ mod tests {
     }
 
     #[test]
+    fn an_opted_in_namespace_injects_unlabelled_pods_with_claims_and_a_pod_label_wins() {
+        let namespace = OptIn::Namespace(Mode::SidecarFiles);
+        let unlabelled = pod_with(|p| {
+            p["metadata"]["labels"].as_object_mut().unwrap().remove(INJECT_LABEL);
+        });
+        // Sent to /mutate (the pod label's entry), an unlabelled pod is left alone.
+        let (_, verdict) = review(&request(unlabelled.clone()), "drafs:test", OptIn::Pod).unwrap();
+        assert_eq!(verdict.label(), "allowed");
+        // In an opted-in namespace it gets the namespace's mode.
+        let (response, verdict) = review(&request(unlabelled.clone()), "drafs:test", namespace).unwrap();
+        assert_eq!(verdict.label(), "patched");
+        let patched = apply(&unlabelled, &decoded_patch(&response));
+        assert_eq!(patched, injected(&unlabelled, &Options::new(Mode::SidecarFiles, "drafs:test")));
+        // The pod's own label chooses the mode.
+        let labelled = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!("init"));
+        let (response, _) = review(&request(labelled.clone()), "drafs:test", namespace).unwrap();
+        let patched = apply(&labelled, &decoded_patch(&response));
+        assert_eq!(patched, injected(&labelled, &Options::new(Mode::Init, "drafs:test")));
+        // A pod without claims in that namespace: unchanged, and nothing to say.
+        let no_claims = pod_with(|p| {
+            p["metadata"]["labels"].as_object_mut().unwrap().remove(INJECT_LABEL);
+            p["spec"].as_object_mut().unwrap().remove("resourceClaims");
+        });
+        let (response, verdict) = review(&request(no_claims), "drafs:test", namespace).unwrap();
+        assert_eq!(verdict.label(), "allowed");
+        assert!(response["response"]["warnings"].is_null(), "{response}");
+    }
+
+    #[test]
+    fn disabled_opts_a_pod_out_everywhere() {
+        let pod = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!(DISABLED));
+        for opt_in in [OptIn::Pod, OptIn::Namespace(Mode::Init)] {
+            let (response, verdict) = review(&request(pod.clone()), "drafs:test", opt_in).unwrap();
+            assert_eq!(verdict.label(), "allowed", "{opt_in:?}");
+            assert!(response["response"]["patch"].is_null() && response["response"]["warnings"].is_null());
+        }
+    }
+
+    #[test]
     fn annotations_become_drafs_options_and_mounts() {
         let pod = pod_with(|p| {
             p["metadata"]["labels"][INJECT_LABEL] = json!("sidecar-files");
@@ -922,7 +981,7 @@ mod tests {
                 TIMEOUT_ANNOTATION: "2m",
             });
         });
-        let (response, _) = review(&request(pod.clone()), "drafs:test").unwrap();
+        let (response, _) = review(&request(pod.clone()), "drafs:test", OptIn::Pod).unwrap();
         let patched = apply(&pod, &decoded_patch(&response));
         let drafs = &patched["spec"]["initContainers"][0];
         assert_eq!(
@@ -983,7 +1042,7 @@ mod tests {
                     }
                 }
             });
-            let (response, verdict) = review(&request(pod), "drafs:test").unwrap();
+            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
             let Verdict::Denied { message } = verdict else { panic!("{metadata}: not denied") };
             assert!(message.contains(expected), "{metadata}: {message}");
             assert_eq!(response["response"]["allowed"], false);
@@ -998,18 +1057,18 @@ mod tests {
         let no_claims = pod_with(|p| p["spec"]["resourceClaims"] = json!([]));
         let with_drafs = pod_with(|p| p["spec"]["initContainers"] = json!([{"name": "drafs", "image": "mine"}]));
         for (pod, warned) in [(unlabelled, false), (no_claims, true), (with_drafs, false)] {
-            let (response, verdict) = review(&request(pod), "drafs:test").unwrap();
+            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
             assert_eq!(verdict.label(), "allowed", "{response}");
             assert!(response["response"].get("patch").is_none());
             assert_eq!(response["response"].get("warnings").is_some(), warned, "{response}");
         }
         let mut update: Value = serde_json::from_slice(&request(pod_with(|_| {}))).unwrap();
         update["request"]["operation"] = json!("UPDATE");
-        let (_, verdict) = review(&serde_json::to_vec(&update).unwrap(), "drafs:test").unwrap();
+        let (_, verdict) = review(&serde_json::to_vec(&update).unwrap(), "drafs:test", OptIn::Pod).unwrap();
         assert_eq!(verdict, allowed());
         // A pod that names its own account keeps it, and is told what it needs.
         let own = pod_with(|p| p["spec"]["serviceAccountName"] = json!("trainer"));
-        let (response, _) = review(&request(own), "drafs:test").unwrap();
+        let (response, _) = review(&request(own), "drafs:test", OptIn::Pod).unwrap();
         assert!(response["response"]["warnings"][0].as_str().unwrap().contains("--service-account trainer"));
     }
 
@@ -1066,7 +1125,7 @@ mod tests {
             {
                 let mut pod = pod.clone();
                 pod["metadata"]["labels"][INJECT_LABEL] = json!(label);
-                let (response, verdict) = review(&request(pod.clone()), "drafs:test").unwrap();
+                let (response, verdict) = review(&request(pod.clone()), "drafs:test", OptIn::Pod).unwrap();
                 assert_eq!(verdict.label(), "patched", "{response}");
                 let mut opts = Options::new(mode, "drafs:test");
                 if pod["metadata"]["annotations"].get(METADATA_DIR_ANNOTATION).is_some() {
@@ -1087,7 +1146,7 @@ mod tests {
                 .collect();
             p["spec"]["containers"] = json!(containers);
         });
-        let (response, _) = review(&request(big.clone()), "drafs:test").unwrap();
+        let (response, _) = review(&request(big.clone()), "drafs:test", OptIn::Pod).unwrap();
         let patch = decoded_patch(&response);
         assert_eq!(apply(&big, &patch), injected(&big, &Options::new(Mode::Init, "drafs:test")));
         let text = serde_json::to_string(&patch).unwrap();
@@ -1100,7 +1159,7 @@ mod tests {
     fn a_pod_too_large_to_read_is_denied_and_what_drafs_does_not_read_costs_nothing() {
         // A million zeros where drafs never looks: answered.
         let zeros = pod_with(|p| p["spec"]["securityContext"] = json!({"supplementalGroups": vec![0; 1_000_000]}));
-        let (_, verdict) = review(&request(zeros), "drafs:test").unwrap();
+        let (_, verdict) = review(&request(zeros), "drafs:test", OptIn::Pod).unwrap();
         assert_eq!(verdict.label(), "patched");
         // As many labels (drafs reads the labels), or mounts: denied, saying why.
         let labels = pod_with(|p| {
@@ -1111,7 +1170,7 @@ mod tests {
         let mounts =
             pod_with(|p| p["spec"]["containers"][0]["volumeMounts"] = json!(vec![json!({"name": "a"}); 100_000]));
         for pod in [labels, mounts] {
-            let (response, verdict) = review(&request(pod), "drafs:test").unwrap();
+            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
             let Verdict::Denied { message } = verdict else { panic!("not denied: {verdict:?}") };
             assert!(
                 message.contains("too large for the drafs webhook") && message.contains("drafs inject"),
@@ -1137,16 +1196,19 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_errors_not_panics() {
-        assert!(matches!(review(b"not json", "i"), Err(ReviewError::NotJson(_))));
-        assert!(matches!(review(b"{}", "i"), Err(ReviewError::NotAReview(..))));
-        assert!(matches!(review(b"[1,2]", "i"), Err(ReviewError::NotAReview(..))));
+        assert!(matches!(review(b"not json", "i", OptIn::Pod), Err(ReviewError::NotJson(_))));
+        assert!(matches!(review(b"{}", "i", OptIn::Pod), Err(ReviewError::NotAReview(..))));
+        assert!(matches!(review(b"[1,2]", "i", OptIn::Pod), Err(ReviewError::NotAReview(..))));
         let mut no_uid: Value = serde_json::from_slice(&request(pod_with(|_| {}))).unwrap();
         no_uid["request"]["uid"] = json!(7);
-        assert!(matches!(review(&serde_json::to_vec(&no_uid).unwrap(), "i"), Err(ReviewError::NoUid)));
+        assert!(matches!(review(&serde_json::to_vec(&no_uid).unwrap(), "i", OptIn::Pod), Err(ReviewError::NoUid)));
         let mut no_object = no_uid.clone();
         no_object["request"]["uid"] = json!("u");
         no_object["request"]["object"] = json!("pod");
-        assert!(matches!(review(&serde_json::to_vec(&no_object).unwrap(), "i"), Err(ReviewError::NoObject)));
+        assert!(matches!(
+            review(&serde_json::to_vec(&no_object).unwrap(), "i", OptIn::Pod),
+            Err(ReviewError::NoObject)
+        ));
         // Odd shapes inside a well-formed review are answered, never a panic.
         for odd in [
             json!({"spec": 5, "metadata": {"labels": {INJECT_LABEL: "init"}}}),
@@ -1154,7 +1216,7 @@ mod tests {
             json!({"metadata": {"labels": {INJECT_LABEL: "init"}, "annotations": {TIMEOUT_ANNOTATION: 5}},
                            "spec": {"resourceClaims": [{"name": "g"}], "containers": "x"}}),
         ] {
-            assert!(review(&request(odd.clone()), "i").is_ok(), "{odd}");
+            assert!(review(&request(odd.clone()), "i", OptIn::Pod).is_ok(), "{odd}");
         }
     }
 }

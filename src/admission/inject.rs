@@ -166,6 +166,17 @@ pub enum Mode {
     SidecarFiles,
 }
 
+impl Mode {
+    /// The mode's name, as `--mode` and the `drafs.dev/inject` label spell it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Init => "init",
+            Mode::SidecarFuse => "sidecar-fuse",
+            Mode::SidecarFiles => "sidecar-files",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub mode: Mode,

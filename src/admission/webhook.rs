@@ -33,7 +33,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use crate::admission::decision as admission;
+use crate::admission::decision::{self as admission, OptIn};
+use crate::admission::inject::Mode;
 use crate::publish::metrics::Exposition;
 
 /// An AdmissionReview larger than this is refused. The API server's request
@@ -75,6 +76,9 @@ pub struct Config {
     /// Names the serving certificate must be valid for (the Service's DNS
     /// name); a certificate that is not is refused.
     pub dns_names: Vec<String>,
+    /// The mode a pod without the label gets in a namespace labelled
+    /// `drafs.dev/inject=enabled` (`POST /mutate/namespace`).
+    pub namespace_mode: Mode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -456,6 +460,7 @@ fn large_review_thread() -> std::io::Result<std::sync::mpsc::Sender<LargeJob>> {
 /// What every connection shares.
 struct State {
     image: String,
+    namespace_mode: Mode,
     metrics: Arc<WebhookMetrics>,
     slots: Mutex<Slots>,
     /// Told when a connection ends (the accept loop may be waiting for room).
@@ -491,19 +496,25 @@ fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 async fn handle(state: Arc<State>, id: u64, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
     let mut response = match (req.method(), path.as_str()) {
-        (&Method::POST, "/mutate") => {
+        (&Method::POST, "/mutate" | "/mutate/namespace") => {
+            let opt_in = if path == "/mutate" { OptIn::Pod } else { OptIn::Namespace(state.namespace_mode) };
             let started = Instant::now();
-            let (response, verdict) = mutate(&state, id, req).await;
+            let (response, verdict) = mutate(&state, id, req, opt_in).await;
             state.slots().set_busy(id, false, Instant::now());
             state.metrics.review(verdict, started.elapsed());
             response
         }
-        (_, "/mutate") => text(StatusCode::METHOD_NOT_ALLOWED, "POST an AdmissionReview to /mutate\n"),
+        (_, "/mutate" | "/mutate/namespace") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "POST an AdmissionReview to /mutate or /mutate/namespace\n")
+        }
         (&Method::GET, "/healthz" | "/readyz") => {
             let (code, _, body) = state.metrics.respond(&path);
             text(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body)
         }
-        _ => text(StatusCode::NOT_FOUND, "not found: the webhook answers POST /mutate, GET /healthz, GET /readyz\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: the webhook answers POST /mutate, POST /mutate/namespace, GET /healthz, GET /readyz\n",
+        ),
     };
     // While draining, each answer closes its connection, so that the client's
     // next request opens a new one (to a replica that is not stopping)
@@ -547,8 +558,8 @@ async fn read_body(
 }
 
 /// The answer to one review body: (status, content type, body, verdict label).
-fn answer(body: &[u8], image: &str) -> (StatusCode, &'static str, Bytes, &'static str) {
-    match admission::review(body, image) {
+fn answer(body: &[u8], image: &str, opt_in: OptIn) -> (StatusCode, &'static str, Bytes, &'static str) {
+    match admission::review(body, image, opt_in) {
         Ok((answer, verdict)) => {
             if let admission::Verdict::Denied { message } = &verdict {
                 info!("denied: {message}");
@@ -570,7 +581,12 @@ fn answer(body: &[u8], image: &str) -> (StatusCode, &'static str, Bytes, &'stati
 /// Read the review (bounded), decide, answer. A large review is decided on
 /// the large-review thread, holding the large-review permit until its memory
 /// is freed.
-async fn mutate(state: &State, id: u64, req: Request<Incoming>) -> (Response<Full<Bytes>>, &'static str) {
+async fn mutate(
+    state: &State,
+    id: u64,
+    req: Request<Incoming>,
+    opt_in: OptIn,
+) -> (Response<Full<Bytes>>, &'static str) {
     let (body, permit) = match tokio::time::timeout(REVIEW_TIMEOUT, read_body(state, req)).await {
         Ok(Ok(read)) => read,
         Ok(Err(response)) => return (response, "bad_request"),
@@ -578,13 +594,13 @@ async fn mutate(state: &State, id: u64, req: Request<Incoming>) -> (Response<Ful
     };
     state.slots().set_busy(id, true, Instant::now());
     let (code, content_type, bytes, verdict) = match permit {
-        None => answer(&body, &state.image),
+        None => answer(&body, &state.image, opt_in),
         Some(permit) => {
             info!(bytes = body.len(), "large review: deciding it on the large-review thread");
             let image = state.image.clone();
             let (done, decided) = tokio::sync::oneshot::channel();
             let job: LargeJob = Box::new(move || {
-                let _ = done.send(answer(&body, &image));
+                let _ = done.send(answer(&body, &image, opt_in));
                 // The permit goes when the review's memory has been freed.
                 drop(body);
                 drop(permit);
@@ -727,6 +743,7 @@ impl Webhook {
         };
         let state = State {
             image: config.image.clone(),
+            namespace_mode: config.namespace_mode,
             metrics: Arc::new(WebhookMetrics::default()),
             slots: Mutex::new(Slots::default()),
             freed: Notify::new(),

@@ -100,6 +100,10 @@ pub struct WebhookArgs {
     /// drafs-webhook.drafs-system.svc (repeatable); a certificate that is not is refused.
     #[arg(long = "dns-name", env = "DRAFS_WEBHOOK_DNS_NAMES", value_name = "NAME", value_delimiter = ',')]
     pub dns_names: Vec<String>,
+    /// The mode for a pod without the drafs.dev/inject label in a namespace labelled drafs.dev/inject=enabled
+    /// (the API server sends those to /mutate/namespace).
+    #[arg(long, env = "DRAFS_NAMESPACE_MODE", value_enum, default_value_t = Mode::Init, value_name = "MODE")]
+    pub namespace_mode: Mode,
 }
 
 #[derive(Debug, Args)]

@@ -256,13 +256,15 @@ fn publish_secret(secret: &Path, version: &str, cert: &Path, key: &Path) {
 
 /// The shipped webhook configuration, pointed at a `drafs webhook` by URL
 /// (test clusters have no Service routing) and trusting the CA in `ca`.
+/// `url` is the first entry's (`.../mutate`); every entry keeps its own path.
 pub fn configuration_by_url(url: &str, ca: &Path) -> serde_json::Value {
     let mut config = super::yaml_docs(&super::read("deploy/webhook/core/mutatingwebhookconfiguration.yaml")).remove(0);
-    let ca = std::fs::read(ca).unwrap();
-    config["webhooks"][0]["clientConfig"] = serde_json::json!({
-        "url": url,
-        "caBundle": serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap(),
-    });
+    let ca = serde_json::to_value(k8s_openapi::ByteString(std::fs::read(ca).unwrap())).unwrap();
+    let base = url.trim_end_matches("/mutate");
+    for entry in config["webhooks"].as_array_mut().unwrap() {
+        let path = entry["clientConfig"]["service"]["path"].as_str().unwrap().to_string();
+        entry["clientConfig"] = serde_json::json!({"url": format!("{base}{path}"), "caBundle": ca});
+    }
     config
 }
 

@@ -63,11 +63,15 @@ and shared by the Secrets and the webhook configuration.
 {{- define "drafs.webhookEntry" -}}
 admissionReviewVersions: [v1]
 clientConfig:
+  {{- with .root.Values.webhookURL }}
+  url: {{ printf "%s%s" (trimSuffix "/" .) $.path }}
+  {{- else }}
   service:
     namespace: {{ .root.Release.Namespace }}
     name: {{ include "drafs.webhook" .root }}
     path: {{ .path }}
     port: 443
+  {{- end }}
   {{- with .caBundle }}
   caBundle: {{ . }}
   {{- end }}
