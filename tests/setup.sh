@@ -6,8 +6,9 @@
 #     image), jq (the kubevirt-launcher example), and for the real node runc,
 #     the CNI plugins, busybox and iproute2;
 #   - the Rust build of drafs;
-#   - the Kubernetes components and containerd, built from Go modules into
-#     caches outside the checkout (tests/kube/build.sh, tests/node/build.sh);
+#   - the Kubernetes components, containerd and helm, built from Go modules
+#     into caches outside the checkout (tests/kube/build.sh,
+#     tests/node/build.sh, tests/helm/build.sh);
 #   - the images the real node's pods run (tests/node/images.sh).
 # Each step is skipped when already done, so a second run costs seconds.
 set -euo pipefail
@@ -39,6 +40,7 @@ command -v go >/dev/null 2>&1 || { echo "setup: Go 1.26+ is needed for the kube 
 
 cargo build --all-targets
 node=$(tests/node/build.sh | tail -n 1)
+tests/helm/build.sh >/dev/null
 echo "setup: Kubernetes components and containerd ready after $((SECONDS - start)) s" >&2
 tests/node/images.sh "${DRAFS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-node}/images" "$node/pause"
 echo "setup: done after $((SECONDS - start)) s" >&2
