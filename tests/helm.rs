@@ -72,7 +72,6 @@ fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
         ("PodDisruptionBudget", "drafs-webhook"),
         ("MutatingWebhookConfiguration", "drafs"),
         ("Secret", "drafs-webhook-tls"),
-        ("ClusterRole", "drafs-resourceslices"),
     ] {
         assert!(rendered.contains(&(object.0.to_string(), object.1.to_string())), "{object:?} not in {rendered:?}");
     }
@@ -252,7 +251,6 @@ fn install_upgrade_and_uninstall_keep_the_ca_and_remove_everything() {
         ("apps/v1", "Deployment", "drafs-webhook", Some("drafs-system")),
         ("v1", "Secret", "drafs-webhook-tls", Some("drafs-system")),
         ("v1", "Secret", "drafs-webhook-ca", Some("drafs-system")),
-        ("rbac.authorization.k8s.io/v1", "ClusterRole", "drafs-resourceslices", None),
     ] {
         let mut meta = json!({"name": name});
         if let Some(ns) = ns {

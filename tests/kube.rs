@@ -513,6 +513,69 @@ fn rbac_from_drafs_manifests_for_two_namespaces_works_in_both() {
     }
 }
 
+/// `kubectl` with the output of `drafs manifests rbac ARGS` on its stdin.
+fn kubectl_rbac(cp: &ControlPlane, verb: &[&str], args: &[&str]) {
+    let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac"]).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rbac.yaml");
+    std::fs::write(&file, stdout(&out)).unwrap();
+    let mut all = verb.to_vec();
+    all.extend(["-f", file.to_str().unwrap()]);
+    let done = cp.kubectl(&all);
+    assert!(done.status.success(), "kubectl {verb:?}: {}", stderr(&done));
+}
+
+/// What `kubectl auth can-i VERB RESOURCE --as` the namespace's account says, for
+/// each verb drafs needs.
+fn can_drafs(cp: &ControlPlane, ns: &str, account: &str) -> Vec<bool> {
+    [("get", "pods"), ("list", "resourceclaims.resource.k8s.io"), ("list", "resourceslices.resource.k8s.io")]
+        .iter()
+        .map(|(verb, resource)| {
+            let out = cp.kubectl(&[
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "-n",
+                ns,
+                "--as",
+                &format!("system:serviceaccount:{ns}:{account}"),
+            ]);
+            stdout(&out).trim() == "yes"
+        })
+        .collect()
+}
+
+#[test]
+fn rbac_for_two_accounts_composes_and_deleting_one_removes_exactly_its_grants() {
+    let Some(cp) = controlplane::shared() else { return };
+    let (ml, hpc) = (support::cluster::unique("rbac-ml"), support::cluster::unique("rbac-hpc"));
+    for ns in [&ml, &hpc] {
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        kubectl_rbac(cp, &["apply"], &["--namespace", ns, "--events"]);
+    }
+    cp.ensure(
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer-sa", "namespace": ml}}),
+    );
+    kubectl_rbac(cp, &["apply"], &["--namespace", &ml, "--service-account", "trainer-sa", "--events"]);
+    let all = vec![true, true, true];
+    assert_eq!(can_drafs(cp, &ml, "drafs"), all, "the first account lost its rights to the second");
+    assert_eq!(can_drafs(cp, &ml, "trainer-sa"), all);
+
+    // Removing one account's grants leaves the other account's and the other namespace's.
+    kubectl_rbac(cp, &["delete"], &["--namespace", &ml, "--service-account", "trainer-sa", "--events"]);
+    assert_eq!(can_drafs(cp, &ml, "trainer-sa"), vec![false, false, false]);
+    assert_eq!(can_drafs(cp, &ml, "drafs"), all);
+    assert_eq!(can_drafs(cp, &hpc, "drafs"), all);
+    let account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer-sa", "namespace": ml}});
+    assert!(cp.get(&account).is_some(), "the user's own account was deleted with drafs's grants");
+    kubectl_rbac(cp, &["delete"], &["--namespace", &ml, "--events"]);
+    assert_eq!(can_drafs(cp, &ml, "drafs"), vec![false, false, false]);
+    assert_eq!(can_drafs(cp, &hpc, "drafs"), all, "another namespace lost its rights");
+}
+
 #[test]
 fn an_injected_pod_gives_credentials_to_drafs_alone() {
     let Some(cp) = controlplane::shared() else { return };

@@ -1,48 +1,68 @@
 //! `drafs manifests rbac`: the least-privilege RBAC for one namespace, as YAML.
 //!
-//! Every object is named so that installing it for several namespaces never
-//! overwrites another namespace's objects: the namespaced ones live in their
-//! namespace, the one cluster-scoped binding carries the namespace in its name,
-//! and the shared ClusterRole (list/watch ResourceSlices) is the same for all.
+//! Every object belongs to one (namespace, service account): installing it
+//! for several never overwrites another's objects, and `kubectl delete -f` of
+//! one output removes exactly that account's grants. The namespaced objects
+//! live in their namespace; the cluster-scoped ClusterRole (list/watch
+//! ResourceSlices) and its binding carry the namespace and account in their
+//! name: a ClusterRole per account costs nothing, and a shared one would be
+//! deleted with any one namespace's output.
 
 use serde_json::{Value, json};
 
-/// The ClusterRole every namespace's binding points at.
+/// The prefix of the cluster-scoped objects' names.
 pub const SLICES_CLUSTER_ROLE: &str = "drafs-resourceslices";
 
-/// ServiceAccount, Role, RoleBinding, the shared ClusterRole and this
-/// namespace's ClusterRoleBinding; with `events`, the optional Role and
-/// RoleBinding to record Events on the pod.
+/// The account drafs creates and owns; any other account is the user's.
+pub const DEFAULT_ACCOUNT: &str = "drafs";
+
+/// The names of one account's objects. drafs's own account keeps the plain
+/// names; another account's carry `:<account>`, which no DNS label (what the
+/// plain names are made of) contains, so no two accounts, in one namespace
+/// or across namespaces, ever share a Role, a binding or a ClusterRoleBinding.
+fn names(namespace: &str, account: &str) -> (String, String, String) {
+    let suffix = if account == DEFAULT_ACCOUNT { String::new() } else { format!(":{account}") };
+    (format!("drafs{suffix}"), format!("drafs-events{suffix}"), format!("{SLICES_CLUSTER_ROLE}-{namespace}{suffix}"))
+}
+
+/// Role, RoleBinding, this account's ClusterRole and ClusterRoleBinding, and drafs's own ServiceAccount when it is the one
+/// bound (an account of yours is yours: never created, so never deleted by
+/// `kubectl delete -f`); with `events`, the optional Role and RoleBinding to
+/// record Events on the pod.
 pub fn rbac(namespace: &str, service_account: &str, events: bool) -> Vec<Value> {
     let subject = json!([{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]);
-    let mut docs = vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": service_account, "namespace": namespace}}),
+    let (role, events_role, cluster_binding) = names(namespace, service_account);
+    let mut docs = Vec::new();
+    if service_account == DEFAULT_ACCOUNT {
+        docs.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace}}));
+    }
+    docs.extend([
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "drafs", "namespace": namespace},
+        "metadata": {"name": role, "namespace": namespace},
         "rules": [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list", "watch"]},
         ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "drafs", "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "drafs"},
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
             "subjects": subject}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": SLICES_CLUSTER_ROLE},
+            "metadata": {"name": cluster_binding},
             "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": format!("{SLICES_CLUSTER_ROLE}-{namespace}")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": SLICES_CLUSTER_ROLE},
+            "metadata": {"name": cluster_binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_binding},
             "subjects": subject}),
-    ];
+    ]);
     if events {
         docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "drafs-events", "namespace": namespace},
+            "metadata": {"name": events_role, "namespace": namespace},
             "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}));
         docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "drafs-events", "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "drafs-events"},
+            "metadata": {"name": events_role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": events_role},
             "subjects": subject}));
     }
     docs
@@ -68,7 +88,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn two_namespaces_never_share_an_object_but_the_cluster_role() {
+    fn two_namespaces_never_share_an_object() {
         let key = |d: &Value| {
             (
                 d["kind"].as_str().unwrap().to_string(),
@@ -79,10 +99,25 @@ mod tests {
         let a: Vec<_> = rbac("ml", "drafs", true).iter().map(key).collect();
         let b: Vec<_> = rbac("hpc", "drafs", true).iter().map(key).collect();
         let shared: Vec<_> = a.iter().filter(|k| b.contains(k)).collect();
-        assert_eq!(shared, vec![&("ClusterRole".to_string(), None, SLICES_CLUSTER_ROLE.to_string())]);
+        assert!(shared.is_empty(), "{shared:?}");
         assert_eq!(rbac("ml", "drafs", false).len(), 5);
         let text = to_yaml(&rbac("ml", "drafs", false)).unwrap();
         let parsed: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
         assert_eq!(parsed, rbac("ml", "drafs", false));
+    }
+
+    #[test]
+    fn two_accounts_in_one_namespace_never_share_an_object() {
+        let key =
+            |d: &Value| (d["kind"].as_str().unwrap().to_string(), d["metadata"]["name"].as_str().unwrap().to_string());
+        // Including accounts whose names look like drafs's own suffixes.
+        for other in ["trainer-sa", "events", "drafs-events", "ml"] {
+            let a: Vec<_> = rbac("ml", "drafs", true).iter().map(key).collect();
+            let b: Vec<_> = rbac("ml", other, true).iter().map(key).collect();
+            let shared: Vec<_> = a.iter().filter(|k| b.contains(k)).collect();
+            assert!(shared.is_empty(), "{other}: {shared:?}");
+            // The user's own account is never part of the output (so never deleted with it).
+            assert!(!b.iter().any(|(kind, _)| kind == "ServiceAccount"), "{other}");
+        }
     }
 }
