@@ -117,7 +117,8 @@ fn main() {
         let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&warm));
         stdout(&out).contains("\"name\": \"drafs\"")
     }));
-    let rows: Vec<(&str, Box<dyn Fn(&str) -> String>)> = vec![
+    type MakePod<'a> = Box<dyn Fn(&str) -> String + 'a>;
+    let rows: Vec<(&str, MakePod)> = vec![
         ("no init container", Box::new(|n| pod(ns, n, None, None).to_string())),
         ("a no-op init container", Box::new(|n| pod(ns, n, Some(noop.clone()), None).to_string())),
         ("`drafs inject --mode init`", Box::new(|n| injected(&pod(ns, n, None, None)))),

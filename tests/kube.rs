@@ -948,6 +948,33 @@ fn the_webhook_kustomizations_apply() {
         assert!(out.contains(object), "{object} not applied: {out}");
     }
 
+    // Every entry trusts the CA; a renewal keeps the CA (so caBundle) and reissues only the serving certificate.
+    let manual = cp.kubectl(&["kustomize", root.join("manual").to_str().unwrap()]);
+    let docs = yaml_docs(&String::from_utf8_lossy(&manual.stdout));
+    let config = docs.iter().find(|d| d["kind"] == "MutatingWebhookConfiguration").unwrap();
+    let bundles: Vec<&Value> =
+        config["webhooks"].as_array().unwrap().iter().map(|w| &w["clientConfig"]["caBundle"]).collect();
+    assert!(bundles.len() == 2 && bundles.iter().all(|b| b.is_string() && *b == bundles[0]), "{config}");
+    let before = (
+        std::fs::read(root.join("manual/cabundle.yaml")).unwrap(),
+        std::fs::read(root.join("manual/tls.crt")).unwrap(),
+    );
+    let again = std::process::Command::new(root.join("manual/certs.sh")).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(std::fs::read(root.join("manual/cabundle.yaml")).unwrap(), before.0, "a renewal changed caBundle");
+    assert_ne!(
+        std::fs::read(root.join("manual/tls.crt")).unwrap(),
+        before.1,
+        "the serving certificate was not reissued"
+    );
+    let verify = std::process::Command::new("openssl")
+        .args(["verify", "-verify_hostname", "drafs-webhook.drafs-system.svc", "-CAfile"])
+        .arg(root.join("manual/ca.crt"))
+        .arg(root.join("manual/tls.crt"))
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+
     // The cert-manager route (no cert-manager CRDs here: rendered, not applied).
     let built = cp.kubectl(&["kustomize", root.to_str().unwrap()]);
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
@@ -980,4 +1007,71 @@ fn the_webhook_kustomizations_apply() {
     assert_eq!(container["image"], "registry.example/drafs:0.1.0");
     let env = container["env"].as_array().unwrap();
     assert!(env.iter().any(|e| e["name"] == "DRAFS_IMAGE" && e["value"] == "registry.example/drafs:0.1.0"), "{env:?}");
+}
+
+/// Renewing the serving certificate from the same CA (what the chart's
+/// `generate` source, cert-manager's CA issuer and `certs.sh` do) while the
+/// real API server keeps sending reviews: not one pod is refused.
+#[test]
+fn a_serving_certificate_renewed_from_the_same_ca_refuses_no_pod() {
+    let Some(cp) = controlplane::private() else { return };
+    let hook = support::webhook::WebhookProcess::start(&[]);
+    let ns = support::cluster::unique("renewal");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    for account in ["default", "drafs"] {
+        cp.ensure(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": ns}}),
+        );
+    }
+    cp.create(&local_webhook_configuration(&hook));
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "namespace": ns, "labels": {"drafs.dev/inject": "init"}},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+            "containers": [{"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    });
+    let path = format!("/api/v1/namespaces/{ns}/pods?dryRun=All");
+    let injected = |cp: &ControlPlane| match cp.raw("POST", &path, Some(&pod), "application/json") {
+        Ok((200 | 201, text)) if text.contains("\"name\":\"drafs\"") => Ok(()),
+        other => Err(format!("{other:?}")),
+    };
+    assert!(wait_for(WEBHOOK_PICKUP, || injected(&cp).is_ok()), "the API server never called the webhook");
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (done, refused) = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let (mut done, mut refused) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match injected(&cp) {
+                    Ok(()) => done += 1,
+                    Err(e) => refused.push(e),
+                }
+            }
+            (done, refused)
+        });
+        for version in 2..=4u32 {
+            let name = format!("tls{version}");
+            support::tls::serving(hook.dir.path(), "ca", &name, "IP:127.0.0.1,DNS:localhost", version).unwrap();
+            let (cert, key) =
+                (hook.dir.path().join(format!("{name}.crt")), hook.dir.path().join(format!("{name}.key")));
+            hook.rotate(&format!("..v{version}"), &cert, &key);
+            let reloads = version as usize - 1;
+            wait_until("the webhook to serve the renewed certificate", Duration::from_secs(30), || {
+                hook.log_text().matches("certificate reloaded").count() >= reloads
+            });
+        }
+        // Reviews on the last certificate too, over new connections and old.
+        wait_until("reviews after the last renewal", Duration::from_secs(30), || injected(&cp).is_ok());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sender.join().unwrap()
+    });
+    assert!(
+        refused.is_empty(),
+        "{} of {} pods refused during renewals: {refused:?}",
+        refused.len(),
+        done as usize + refused.len()
+    );
+    assert!(done > 0, "no review was sent during the renewals");
 }
