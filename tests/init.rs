@@ -814,3 +814,53 @@ fn deeply_nested_device_data_is_skipped_not_fatal() {
     assert!(!tree.contains_key("net/eth/0/.status/data"));
     assert!(stderr(&out).contains("status data of device net.example.com/n1/nic0 skipped"), "{}", stderr(&out));
 }
+
+/// A newcomer's first hour: a pod that uses no claims, and a Deployment given
+/// where a pod is read, are each explained (not an empty table in silence).
+#[test]
+fn a_pod_without_claims_and_a_workload_file_are_explained() {
+    let scratch = tempfile::tempdir().unwrap();
+    let plain = scratch.path().join("web.yaml");
+    std::fs::write(
+        &plain,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: ml, uid: u1}\nspec:\n  nodeName: n1\n  containers: [{name: app, image: nginx}]\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let child = std::process::Command::new(drafs_bin())
+            .args(args)
+            .env_clear()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_output(child, LIMIT)
+    };
+    let out = run(&["get", "--from-file", plain.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("pod ml/web uses no resource claims"), "{}", stderr(&out));
+    let dir = scratch.path().join("dra");
+    let out = run(&["init", "--from-file", plain.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("uses no resource claims"), "{}", stderr(&out));
+    // With a required path, init still fails as before.
+    let out = run(&[
+        "init",
+        "--from-file",
+        plain.to_str().unwrap(),
+        "--dir",
+        dir.to_str().unwrap(),
+        "--require",
+        "gpu/gpu/0/uuid",
+        "--termination-log",
+        scratch.path().join("log").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    let deployment = repo_path("examples/webhook-deployment/30-deployment.yaml");
+    let out = run(&["get", "--from-file", deployment.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("holds no Pod, but a Deployment (\"trainer\")"), "{err}");
+    assert!(err.contains("kubectl get pod -n drafs-webhook-demo -l app=trainer"), "{err}");
+}

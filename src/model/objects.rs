@@ -21,8 +21,8 @@ pub enum LoadError {
     Parse { path: String, message: String },
     #[error("{path}: document {index} ({kind} {name:?}) is malformed: {source}")]
     Malformed { path: String, index: usize, kind: String, name: String, source: serde_json::Error },
-    #[error("{path} holds no Pod")]
-    NoPod { path: String },
+    #[error("{path} holds no Pod{hint}")]
+    NoPod { path: String, hint: String },
     #[error("{path} holds no Pod named {wanted:?} (it has: {have})")]
     PodNotInFile { path: String, wanted: String, have: String },
     #[error("{path} holds several Pods ({have}); choose one with --pod-name")]
@@ -47,6 +47,60 @@ pub struct FileObjects {
     pub slices: Vec<ResourceSlice>,
     /// Kinds present in the file that drafs does not use (reported, not fatal).
     pub ignored: Vec<String>,
+    /// Workloads (a Deployment, a Job...): what a user may give instead of
+    /// one of their pods; named when the file holds no Pod.
+    pub workloads: Vec<Workload>,
+}
+
+/// A workload found in a file: enough to say how to get one of its pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub kind: String,
+    pub name: String,
+    pub namespace: Option<String>,
+    /// Its pod template's labels, as a `kubectl -l` selector.
+    pub selector: String,
+}
+
+impl Workload {
+    /// The workload in `doc`, if it is one: a kind with a pod template.
+    fn of(kind: &str, doc: &Value) -> Option<Workload> {
+        let template = match kind {
+            "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => {
+                doc.pointer("/spec/template")
+            }
+            "CronJob" => doc.pointer("/spec/jobTemplate/spec/template"),
+            _ => None,
+        }?;
+        let labels = template.pointer("/metadata/labels").and_then(Value::as_object);
+        let selector = labels
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+            .collect::<Vec<_>>()
+            .join(",");
+        Some(Workload {
+            kind: kind.to_string(),
+            name: doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string(),
+            namespace: doc.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from),
+            selector,
+        })
+    }
+
+    /// How to get what drafs reads instead of this workload.
+    fn hint(&self) -> String {
+        let ns = self.namespace.as_deref().map(|n| format!(" -n {n}")).unwrap_or_default();
+        let pods = if self.selector.is_empty() {
+            format!("kubectl get pod{ns} -o yaml  (choose one of the {kind}'s pods)", kind = self.kind)
+        } else {
+            format!("kubectl get pod{ns} -l {} -o yaml", self.selector)
+        };
+        format!(
+            ", but a {kind} ({name:?}): drafs reads a pod that exists, not a template, since a pod's claims are allocated only when it is scheduled. Give it one of the {kind}'s pods with its ResourceClaims and the node's ResourceSlices, e.g. `{pods}` and `kubectl get resourceclaims{ns} -o yaml` and `kubectl get resourceslices -o yaml` into one file (or run `drafs get --pod-name NAME --pod-namespace NS` against the cluster)",
+            kind = self.kind,
+            name = self.name,
+        )
+    }
 }
 
 impl FileObjects {
@@ -82,7 +136,10 @@ impl FileObjects {
                 "Pod" => out.pods.push(serde_json::from_value(doc).map_err(malformed)?),
                 "ResourceClaim" => out.claims.push(serde_json::from_value(doc).map_err(malformed)?),
                 "ResourceSlice" => out.slices.push(serde_json::from_value(doc).map_err(malformed)?),
-                other => out.ignored.push(if other.is_empty() { "<no kind>".into() } else { other.into() }),
+                other => {
+                    out.workloads.extend(Workload::of(other, &doc));
+                    out.ignored.push(if other.is_empty() { "<no kind>".into() } else { other.into() })
+                }
             }
         }
         Ok(out)
@@ -111,7 +168,10 @@ impl FileObjects {
                     LoadError::PodNotInFile { path: path.into(), wanted: wanted.into(), have: names() }
                 })?
             }
-            None if self.pods.is_empty() => return Err(LoadError::NoPod { path: path.into() }),
+            None if self.pods.is_empty() => {
+                let hint = self.workloads.first().map(Workload::hint).unwrap_or_default();
+                return Err(LoadError::NoPod { path: path.into(), hint });
+            }
             None if self.pods.len() > 1 => {
                 return Err(LoadError::AmbiguousPod { path: path.into(), have: names() });
             }
@@ -201,5 +261,17 @@ metadata: {name: x}
         let objects = FileObjects::parse("f", text).unwrap();
         let snap = objects.into_snapshot("f", Some("b")).unwrap();
         assert_eq!(snap.pod.unwrap().metadata.name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_file_with_a_workload_and_no_pod_says_how_to_get_a_pod() {
+        let text = "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: nightly, namespace: ml}\nspec:\n  jobTemplate:\n    spec:\n      template:\n        metadata: {labels: {app: nightly}}\n        spec: {containers: []}\n";
+        let objects = FileObjects::parse("f.yaml", text).unwrap();
+        assert_eq!(objects.workloads.len(), 1);
+        let err = objects.into_snapshot("f.yaml", None).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml holds no Pod, but a CronJob (\"nightly\")"), "{err}");
+        assert!(err.contains("kubectl get pod -n ml -l app=nightly -o yaml"), "{err}");
+        let none = FileObjects::parse("g.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n").unwrap();
+        assert_eq!(none.into_snapshot("g.yaml", None).unwrap_err().to_string(), "g.yaml holds no Pod");
     }
 }

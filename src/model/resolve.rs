@@ -409,6 +409,13 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
         };
     };
     let mut out = Resolution { pod: PodIdentity::of(pod), ..Default::default() };
+    let declared = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+    if !declared {
+        out.warnings.push(format!(
+            "pod {}/{} uses no resource claims (spec.resourceClaims is empty): the tree has no device",
+            out.pod.namespace, out.pod.name
+        ));
+    }
     let claims = pod_claims(pod, selection);
     for wanted in &selection.claims {
         if !claims.iter().any(|c| &c.name == wanted) {
