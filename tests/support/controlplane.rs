@@ -64,6 +64,13 @@ pub fn binaries() -> Result<PathBuf, String> {
 /// Run a build script of the repository that prints, last, the directory of
 /// what it built (cached outside the checkout); that directory.
 pub fn cached_build(script: &str) -> Result<PathBuf, String> {
+    let lines = build_script_output(script)?;
+    lines.last().map(PathBuf::from).ok_or_else(|| format!("{script} printed no directory"))
+}
+
+/// Run a build script of the repository (its progress on our stderr); the
+/// lines it printed on stdout.
+pub fn build_script_output(script: &str) -> Result<Vec<String>, String> {
     let script = super::repo_path(script);
     let out = Command::new("bash")
         .arg(&script)
@@ -73,12 +80,7 @@ pub fn cached_build(script: &str) -> Result<PathBuf, String> {
     if !out.status.success() {
         return Err(format!("{} failed ({})", script.display(), out.status));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let dir = text.lines().last().unwrap_or_default().trim();
-    if dir.is_empty() {
-        return Err(format!("{} printed no directory", script.display()));
-    }
-    Ok(PathBuf::from(dir))
+    Ok(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
 }
 
 /// Children started here die with the process: they are spawned from a thread

@@ -162,20 +162,9 @@ fn sweep_stale() {
 
 /// (Kubernetes binaries, node binaries) from `tests/node/build.sh`.
 fn binaries() -> Result<(PathBuf, PathBuf), String> {
-    let script = super::repo_path("tests/node/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    if !out.status.success() {
-        return Err(format!("{} failed ({})", script.display(), out.status));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text.lines().collect();
-    match lines.as_slice() {
-        [.., kube, node] => Ok((PathBuf::from(kube.trim()), PathBuf::from(node.trim()))),
-        _ => Err(format!("{} printed no directories", script.display())),
+    match super::controlplane::build_script_output("tests/node/build.sh")?.as_slice() {
+        [.., kube, node] => Ok((PathBuf::from(kube), PathBuf::from(node))),
+        _ => Err("tests/node/build.sh printed no directories".into()),
     }
 }
 
