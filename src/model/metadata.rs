@@ -251,4 +251,22 @@ spec:
         assert_eq!(attrs["other.example.com/x"], json!({"int": 1}));
         assert!(attrs.get("gpu.example.com/mdevUUID").is_none());
     }
+
+    #[test]
+    fn consumed_capacity_stays_out_of_the_standard_view() {
+        // The KEP-5304 schema has no capacities: the upstream decoder sees exactly its fields.
+        let text = TEXT.replace("device: g0}", "device: g0, shareID: s1, consumedCapacity: {memory: 20Gi}}");
+        let snap = FileObjects::parse("t", &text).unwrap().into_snapshot("t", None).unwrap();
+        let res = resolve(&snap, &Selection::default());
+        assert!(!res.claims[0].devices[0].consumed.is_empty(), "the fixture consumes capacity");
+        let tree = build(&res, &mut Generations::default(), &mut vec![]);
+        let direct =
+            std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        for line in direct.lines() {
+            let doc: Value = serde_json::from_str(line).unwrap();
+            let device = doc["requests"][0]["devices"][0].as_object().unwrap();
+            let keys: Vec<&str> = device.keys().map(String::as_str).collect();
+            assert_eq!(keys, vec!["driver", "pool", "name", "attributes"], "{line}");
+        }
+    }
 }
