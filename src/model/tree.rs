@@ -305,9 +305,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn layout_of_a_gpu() {
-        let text = r#"
+    /// One GPU with attributes and capacity, allocated whole.
+    const GPU: &str = r#"
 kind: Pod
 metadata: {name: p, namespace: ns}
 spec: {nodeName: n, resourceClaims: [{name: gpu, resourceClaimName: c}]}
@@ -328,8 +327,14 @@ spec:
     attributes: {uuid: {string: GPU-1}, resource.kubernetes.io/pciBusID: {string: "0000:3b:00.0"}}
     capacity: {memory: {value: 80Gi}}
 "#;
-        let snap = FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap();
-        let res = resolve(&snap, &Selection::default());
+
+    fn resolved(text: &str) -> Resolution {
+        resolve(&FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap(), &Selection::default())
+    }
+
+    #[test]
+    fn layout_of_a_gpu() {
+        let res = resolved(GPU);
         let ok: RequirePath = "gpu/gpu/0/uuid".parse().unwrap();
         let built = build(&res, std::slice::from_ref(&ok));
         assert!(built.is_ready(), "{:?}", built.missing);
@@ -353,34 +358,13 @@ spec:
 
     #[test]
     fn consumed_capacity_of_a_shared_gpu() {
-        let text = r#"
-kind: Pod
-metadata: {name: p, namespace: ns}
-spec: {nodeName: n, resourceClaims: [{name: gpu, resourceClaimName: c}]}
----
-kind: ResourceClaim
-metadata: {name: c, namespace: ns}
-spec: {}
-status:
-  allocation:
-    devices:
-      results:
-      - {request: gpu, driver: gpu.example.com, pool: n, device: g0, shareID: 7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6,
-         consumedCapacity: {memory: 20Gi, example.com/sm: "25"}}
-      - {request: gpu, driver: gpu.example.com, pool: n, device: g1}
----
-kind: ResourceSlice
-metadata: {name: s}
-spec:
-  driver: gpu.example.com
-  nodeName: n
-  pool: {name: n, generation: 1, resourceSliceCount: 1}
-  devices:
-  - {name: g0, allowMultipleAllocations: true, capacity: {memory: {value: 80Gi}}}
-  - {name: g1, capacity: {memory: {value: 80Gi}}}
-"#;
-        let snap = FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap();
-        let built = build(&resolve(&snap, &Selection::default()), &[]);
+        let text = GPU
+            .replace(
+                "device: g0}]}}}",
+                "device: g0, shareID: 7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6, consumedCapacity: {memory: 20Gi, example.com/sm: '25'}}, {request: gpu, driver: gpu.example.com, pool: n, device: g1}]}}}",
+            )
+            .replace("  - name: g0\n", "  - {name: g1, capacity: {memory: {value: 80Gi}}}\n  - name: g0\n    allowMultipleAllocations: true\n");
+        let built = build(&resolved(&text), &[]);
         assert!(built.is_ready(), "{:?}", built.missing);
         let t = &built.tree;
         assert_eq!(t.get("gpu/gpu/0/.consumed/gpu.example.com/memory"), Some(&b"20Gi"[..]));
