@@ -33,6 +33,27 @@ fn exec_sets_variables_from_a_tree_and_from_the_api() {
 }
 
 #[test]
+fn exec_sets_the_consumed_share_from_the_api() {
+    let (_api, env) = example("serving", "inference-0", "examples/offline/shared-gpu.yaml");
+    let out = env.run(
+        &[
+            "exec",
+            "--env",
+            "GPU_MEMORY=gpu/gpu/0/.consumed/gpu.nvidia.com/memory",
+            "--env",
+            "NIC_QUEUES=net/nic/.consumed/dra.net/queues",
+            "--",
+            "sh",
+            "-c",
+            r#"printf '%s|%s' "$GPU_MEMORY" "$NIC_QUEUES""#,
+        ],
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "20Gi|4");
+}
+
+#[test]
 fn exec_refuses_missing_values_unless_optional() {
     let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
     let dir = env.path("dra");

@@ -864,3 +864,26 @@ fn a_pod_without_claims_and_a_workload_file_are_explained() {
     assert!(err.contains("holds no Pod, but a Deployment (\"trainer\")"), "{err}");
     assert!(err.contains("kubectl get pod -n drafs-webhook-demo -l app=trainer"), "{err}");
 }
+
+#[test]
+fn consumed_capacity_of_shared_devices_in_the_tree_json_and_get() {
+    let (_api, env) = example("serving", "inference-0", "examples/offline/shared-gpu.yaml");
+    assert_ok(&init(&env, &["--timeout", "30s", "--require", "gpu/gpu/0/.consumed/gpu.nvidia.com/memory"]));
+    let tree = read_tree(&env.path("dra"));
+    assert_eq!(tree["gpu/gpu/0/.consumed/gpu.nvidia.com/memory"], "20Gi");
+    assert_eq!(tree["gpu/gpu/0/.capacity/gpu.nvidia.com/memory"], "80Gi", "the device's total stays beside it");
+    assert_eq!(tree["gpu/gpu/0/.shareID"], "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a");
+    assert_eq!(tree["net/nic/0/.consumed/dra.net/queues"], "4");
+    assert_eq!(tree["net/nic/0/.consumed/dra.net/bandwidth"], "25G", "the quantity as written");
+    let consumed: BTreeSet<&str> = tree.keys().filter(|k| k.contains("/.consumed/")).map(String::as_str).collect();
+    assert_eq!(consumed.len(), 3, "{consumed:?}");
+    let device: Value = serde_json::from_str(&tree["net/nic/0/.json"]).unwrap();
+    assert_eq!(device["consumedCapacity"], json!({"dra.net/bandwidth": "25G", "dra.net/queues": "4"}));
+
+    let out = env.run(&["get"], LIMIT);
+    assert_ok(&out);
+    let table = stdout(&out);
+    let row = table.lines().find(|l| l.contains(".consumed/")).unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells, vec!["gpu", "gpu", "0", "gpu.nvidia.com", "gpu-1", ".consumed/gpu.nvidia.com/memory", "20Gi"]);
+}

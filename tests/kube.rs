@@ -75,6 +75,33 @@ fn init_in_pod_template_claim_tree_and_standard_view() {
     assert_upstream_decodes(cp, &meta, &dir.join(".json"));
 }
 
+#[test]
+fn consumed_capacity_written_through_the_status_subresource() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/offline/shared-gpu.yaml"));
+    sc.create_all();
+    // The API server kept what the scheduler wrote (with DRAConsumableCapacity off it drops it).
+    let net = sc.of_kind("ResourceClaim").into_iter().find(|c| c["metadata"]["name"] == "inference-0-net").unwrap();
+    let stored = cp.get(&net).unwrap();
+    let result = &stored["status"]["allocation"]["devices"]["results"][0];
+    assert_eq!(result["consumedCapacity"], json!({"bandwidth": "25G", "queues": "4"}), "{stored}");
+    let (dir, meta) = init_in_pod(&sc);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["gpu/gpu/0/.consumed/gpu.nvidia.com/memory"], "20Gi", "{tree:?}");
+    assert_eq!(tree["gpu/gpu/0/.capacity/gpu.nvidia.com/memory"], "80Gi");
+    assert_eq!(tree["gpu/gpu/0/.shareID"], "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a");
+    assert_eq!(tree["net/nic/0/.consumed/dra.net/queues"], "4");
+    assert_eq!(tree["net/nic/0/.consumed/dra.net/bandwidth"], "25G");
+    // The standard view has no field for it and stays as the upstream decoder expects.
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+
+    let out = run(sc.in_pod_command(&["get", "-o", "json"]));
+    assert_ok(&out);
+    let whole: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let gpu = &whole["claims"].as_array().unwrap().iter().find(|c| c["name"] == "gpu").unwrap()["devices"][0];
+    assert_eq!(gpu["consumedCapacity"], json!({"gpu.nvidia.com/memory": "20Gi"}), "{whole}");
+}
+
 /// Start `cmd` in the background with its stderr in `log` (so a test can wait on a line).
 fn spawn_logged(mut cmd: std::process::Command, log: &std::path::Path) -> std::process::Child {
     let file = std::fs::File::create(log).unwrap();

@@ -320,6 +320,29 @@ fn files_backend_serves_and_updates_without_privileges() {
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
 }
 
+/// A claim allocated after `serve` started brings its consumed share with it
+/// (allocations are immutable: the share arrives once, with the allocation).
+#[test]
+fn consumed_capacity_arrives_with_the_allocation() {
+    let (api, env) = example("serving", "inference-0", "examples/offline/shared-gpu.yaml");
+    let allocated = api.get("ResourceClaim", "serving", "inference-0-net").unwrap();
+    let mut pending = allocated.clone();
+    pending.as_object_mut().unwrap().remove("status");
+    api.apply(pending);
+    let dir = env.path("files");
+    let queues = "net/nic/0/.consumed/dra.net/queues";
+    let mut serve = Serve::start(&env, &dir, &["--backend", "files", "--require", queues]);
+    serve.wait_for("gpu/gpu/0/.consumed/gpu.nvidia.com/memory", Some("20Gi"), LIMIT);
+    assert_eq!(serve.read(queues), None);
+    assert_eq!(serve.read(".ready"), None, "the NIC claim is not allocated yet");
+    api.apply(allocated);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert_eq!(serve.read(queues).as_deref(), Some("4"));
+    assert_eq!(serve.read("net/nic/0/.consumed/dra.net/bandwidth").as_deref(), Some("25G"));
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
 /// docs/tree.md: once `.ready` is there, so is everything it vouches for. A
 /// reader racing the first publish never sees `.ready` without the tree, with
 /// either backend.

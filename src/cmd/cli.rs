@@ -296,7 +296,7 @@ pub struct GetArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
-    /// One row per attribute, capacity and status value.
+    /// One row per attribute, capacity, consumed capacity and status value.
     Table,
     /// The whole resolution (the tree's `.json`).
     Json,

@@ -16,6 +16,8 @@ pub const REQUEST: &str = ".request";
 pub const SHARE_ID: &str = ".shareID";
 /// Capacity quantities live under this directory of a device.
 pub const CAPACITY_DIR: &str = ".capacity";
+/// The share of the capacity a shared allocation consumed, named like `.capacity`.
+pub const CONSUMED_DIR: &str = ".consumed";
 /// The claim status's device data (network status) lives under this directory.
 pub const STATUS_DIR: &str = ".status";
 pub const STATUS_INTERFACE_NAME: &str = ".status/interfaceName";

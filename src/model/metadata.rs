@@ -164,8 +164,11 @@ pub(crate) mod tests {
 
     /// The resolution of [`TEXT`]: a direct claim and a template's.
     pub(crate) fn example() -> Resolution {
-        let snap = FileObjects::parse("t", TEXT).unwrap().into_snapshot("t", None).unwrap();
-        resolve(&snap, &Selection::default())
+        resolved(TEXT)
+    }
+
+    fn resolved(text: &str) -> Resolution {
+        resolve(&FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap(), &Selection::default())
     }
 
     const TEXT: &str = r#"
@@ -240,8 +243,7 @@ spec:
             "uuid: {string: A}",
             "uuid: {string: A}, other.example.com/x: {int: 1}, gpu.example.com/mdevUUID: {string: M}",
         );
-        let snap = FileObjects::parse("t", &text).unwrap().into_snapshot("t", None).unwrap();
-        let res = resolve(&snap, &Selection::default());
+        let res = resolved(&text);
         let tree = build(&res, &mut Generations::default(), &mut vec![]);
         let direct =
             std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
@@ -250,5 +252,22 @@ spec:
         assert_eq!(attrs["mdevUUID"], json!({"string": "M"}), "KubeVirt looks up mdevUUID as is");
         assert_eq!(attrs["other.example.com/x"], json!({"int": 1}));
         assert!(attrs.get("gpu.example.com/mdevUUID").is_none());
+    }
+
+    #[test]
+    fn consumed_capacity_stays_out_of_the_standard_view() {
+        // The KEP-5304 schema has no capacities: the upstream decoder sees exactly its fields.
+        let text = TEXT.replace("device: g0}", "device: g0, shareID: s1, consumedCapacity: {memory: 20Gi}}");
+        let res = resolved(&text);
+        assert!(!res.claims[0].devices[0].consumed.is_empty(), "the fixture consumes capacity");
+        let tree = build(&res, &mut Generations::default(), &mut vec![]);
+        let direct =
+            std::str::from_utf8(tree.get("resourceclaims/direct/pgpu/gpu.example.com-metadata.json").unwrap()).unwrap();
+        for line in direct.lines() {
+            let doc: Value = serde_json::from_str(line).unwrap();
+            let device = doc["requests"][0]["devices"][0].as_object().unwrap();
+            let keys: Vec<&str> = device.keys().map(String::as_str).collect();
+            assert_eq!(keys, vec!["driver", "pool", "name", "attributes"], "{line}");
+        }
     }
 }

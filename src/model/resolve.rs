@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -123,6 +124,8 @@ pub struct ResolvedDevice {
     pub share_id: Option<String>,
     pub attributes: BTreeMap<QualifiedName, Attribute>,
     pub capacity: BTreeMap<QualifiedName, String>,
+    /// The share of the device's capacity this allocation consumed (consumable capacity).
+    pub consumed: BTreeMap<QualifiedName, String>,
     pub status: Option<DeviceStatus>,
 }
 
@@ -560,15 +563,15 @@ fn resolve_device(
             Err(why) => out.warnings.push(format!("{context}: attribute {key:?} skipped: {why}")),
         }
     }
-    let mut capacity = BTreeMap::new();
-    for (key, cap) in device.capacity.iter().flatten() {
-        match QualifiedName::parse(key, &result.driver) {
-            Ok(name) => {
-                capacity.insert(name, cap.value.0.clone());
-            }
-            Err(why) => out.warnings.push(format!("{context}: capacity {key:?} skipped: {why}")),
-        }
-    }
+    let capacity = quantities(
+        out,
+        context,
+        "capacity",
+        &result.driver,
+        device.capacity.iter().flatten().map(|(key, cap)| (key, &cap.value)),
+    );
+    let consumed =
+        quantities(out, context, "consumed capacity", &result.driver, result.consumed_capacity.iter().flatten());
     let status = statuses
         .iter()
         .find(|s| {
@@ -596,8 +599,31 @@ fn resolve_device(
         share_id: result.share_id.clone(),
         attributes,
         capacity,
+        consumed,
         status,
     }
+}
+
+/// Quantities by qualified name, exactly as written (capacities of a device, or
+/// the share of them an allocation consumed); names that could leave the tree
+/// are skipped with a warning.
+fn quantities<'a>(
+    out: &mut Resolution,
+    context: &str,
+    what: &str,
+    driver: &str,
+    entries: impl Iterator<Item = (&'a String, &'a Quantity)>,
+) -> BTreeMap<QualifiedName, String> {
+    let mut found = BTreeMap::new();
+    for (key, quantity) in entries {
+        match QualifiedName::parse(key, driver) {
+            Ok(name) => {
+                found.insert(name, quantity.0.clone());
+            }
+            Err(why) => out.warnings.push(format!("{context}: {what} {key:?} skipped: {why}")),
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -779,6 +805,43 @@ status:
         let res = resolve(&snapshot(&text), &Selection { claims: vec!["nic".into()] });
         let status = res.claims[0].devices[0].status.as_ref().unwrap();
         assert_eq!(status.interface_name.as_deref(), Some("right"));
+    }
+
+    #[test]
+    fn consumed_capacity_is_named_like_capacity_and_kept_verbatim() {
+        let mut text = POD.to_string();
+        text += &claim(
+            "p-gpu-abc",
+            "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0, shareID: 7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6, consumedCapacity: {memory: 20Gi, example.com/bandwidth: '1.5e3', '../../escape': 1, 'a/b/c': 2}}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
+            "",
+        );
+        text += &slice(
+            "s",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: g0, capacity: {memory: {value: 80Gi}}}, {name: g1}]",
+        );
+        let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let shared = &res.claims[0].devices[0];
+        let consumed: Vec<(String, &str)> = shared.consumed.iter().map(|(k, v)| (k.to_string(), v.as_str())).collect();
+        assert_eq!(
+            consumed,
+            vec![("example.com/bandwidth".into(), "1.5e3"), ("gpu.example.com/memory".into(), "20Gi")],
+            "unqualified names get the driver's domain, quantities are not normalised"
+        );
+        assert_eq!(shared.capacity[&QualifiedName::parse("memory", "gpu.example.com").unwrap()], "80Gi");
+        for hostile in ["../../escape", "a/b/c"] {
+            assert!(
+                res.warnings.iter().any(|w| w.contains("consumed capacity") && w.contains(hostile)),
+                "{hostile}: {:?}",
+                res.warnings
+            );
+        }
+        assert!(res.claims[0].devices[1].consumed.is_empty(), "a whole device consumed nothing");
     }
 
     #[test]

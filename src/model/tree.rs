@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use crate::model::layout;
+use crate::model::names::QualifiedName;
 use crate::model::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
@@ -130,13 +131,14 @@ impl RequirePath {
 }
 
 /// Where an entry of a device directory comes from; the table of `get` shows the
-/// attribute, capacity and status kinds.
+/// attribute, capacity, consumed capacity and status kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
     Identity,
     Attribute,
     ShortAttribute,
     Capacity,
+    Consumed,
     Status,
     Record,
 }
@@ -161,6 +163,9 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
     }
     for (name, quantity) in &device.capacity {
         out.push((format!("{}/{name}", layout::CAPACITY_DIR), Capacity, quantity.clone()));
+    }
+    for (name, quantity) in &device.consumed {
+        out.push((format!("{}/{name}", layout::CONSUMED_DIR), Consumed, quantity.clone()));
     }
     if let Some(status) = &device.status {
         if let Some(v) = &status.interface_name {
@@ -187,8 +192,9 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
         .iter()
         .map(|(k, a)| (k.to_string(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
         .collect();
-    let capacity: serde_json::Map<String, Value> =
-        device.capacity.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect();
+    let quantities = |q: &BTreeMap<QualifiedName, String>| -> serde_json::Map<String, Value> {
+        q.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect()
+    };
     let mut record = json!({
         "request": device.full_request,
         "index": device.index,
@@ -196,10 +202,13 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
         "pool": device.pool,
         "device": device.device,
         "attributes": attributes,
-        "capacity": capacity,
+        "capacity": quantities(&device.capacity),
     });
     if let Some(share) = &device.share_id {
         record["shareID"] = json!(share);
+    }
+    if !device.consumed.is_empty() {
+        record["consumedCapacity"] = Value::Object(quantities(&device.consumed));
     }
     if let Some(status) = &device.status {
         record["status"] = serde_json::to_value(status).unwrap_or(Value::Null);
@@ -296,9 +305,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn layout_of_a_gpu() {
-        let text = r#"
+    /// One GPU with attributes and capacity, allocated whole.
+    const GPU: &str = r#"
 kind: Pod
 metadata: {name: p, namespace: ns}
 spec: {nodeName: n, resourceClaims: [{name: gpu, resourceClaimName: c}]}
@@ -319,8 +327,14 @@ spec:
     attributes: {uuid: {string: GPU-1}, resource.kubernetes.io/pciBusID: {string: "0000:3b:00.0"}}
     capacity: {memory: {value: 80Gi}}
 "#;
-        let snap = FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap();
-        let res = resolve(&snap, &Selection::default());
+
+    fn resolved(text: &str) -> Resolution {
+        resolve(&FileObjects::parse("t", text).unwrap().into_snapshot("t", None).unwrap(), &Selection::default())
+    }
+
+    #[test]
+    fn layout_of_a_gpu() {
+        let res = resolved(GPU);
         let ok: RequirePath = "gpu/gpu/0/uuid".parse().unwrap();
         let built = build(&res, std::slice::from_ref(&ok));
         assert!(built.is_ready(), "{:?}", built.missing);
@@ -340,5 +354,29 @@ spec:
         assert!(!built.is_ready());
         assert!(built.tree.get(".ready").is_none());
         assert!(built.missing[0].contains("gpu/gpu/0/serial"));
+    }
+
+    #[test]
+    fn consumed_capacity_of_a_shared_gpu() {
+        let text = GPU
+            .replace(
+                "device: g0}]}}}",
+                "device: g0, shareID: 7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6, consumedCapacity: {memory: 20Gi, example.com/sm: '25'}}, {request: gpu, driver: gpu.example.com, pool: n, device: g1}]}}}",
+            )
+            .replace("  - name: g0\n", "  - {name: g1, capacity: {memory: {value: 80Gi}}}\n  - name: g0\n    allowMultipleAllocations: true\n");
+        let built = build(&resolved(&text), &[]);
+        assert!(built.is_ready(), "{:?}", built.missing);
+        let t = &built.tree;
+        assert_eq!(t.get("gpu/gpu/0/.consumed/gpu.example.com/memory"), Some(&b"20Gi"[..]));
+        assert_eq!(t.get("gpu/gpu/0/.consumed/example.com/sm"), Some(&b"25"[..]));
+        assert_eq!(t.get("gpu/gpu/0/.capacity/gpu.example.com/memory"), Some(&b"80Gi"[..]), "the total stays");
+        assert!(!t.contains("gpu/gpu/1/.consumed"), "absent when the result has none");
+        let record: Value = serde_json::from_slice(t.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert_eq!(record["consumedCapacity"], json!({"gpu.example.com/memory": "20Gi", "example.com/sm": "25"}));
+        assert_eq!(record["capacity"], json!({"gpu.example.com/memory": "80Gi"}));
+        let record: Value = serde_json::from_slice(t.get("gpu/gpu/1/.json").unwrap()).unwrap();
+        assert!(record.get("consumedCapacity").is_none(), "{record}");
+        let whole: Value = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
+        assert_eq!(whole["claims"][0]["devices"][0]["consumedCapacity"]["gpu.example.com/memory"], "20Gi");
     }
 }

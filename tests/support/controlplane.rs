@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// Feature gates drafs relies on that are off by default in 1.37 (alpha):
-/// list-typed attributes and consumable capacity (`.shareID`).
+/// Feature gates drafs relies on: list-typed attributes (alpha, off by default
+/// in 1.37) and consumable capacity (`.shareID`, `.consumed/`: beta and on by
+/// default since 1.36, set for clarity).
 pub const FEATURE_GATES: &str = "DRAListTypeAttributes=true,DRAConsumableCapacity=true";
 
 const ADMIN_TOKEN: &str = "drafs-test-admin-token";
