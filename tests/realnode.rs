@@ -494,16 +494,9 @@ fn fuse_server_pid(uid: &str) -> Option<i32> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
-        let serves_fuse = || {
-            std::fs::read_dir(entry.path().join("fd"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == std::path::Path::new("/dev/fuse")))
-        };
         if cmdline.starts_with(b"/drafs\0serve")
             && (cgroup.contains(uid) || cgroup.contains(&uid.replace('-', "_")))
-            && serves_fuse()
+            && holds_dev_fuse(pid)
         {
             return Some(pid);
         }

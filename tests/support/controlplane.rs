@@ -27,17 +27,11 @@ pub const FEATURE_GATES: &str = "DRAListTypeAttributes=true,DRAConsumableCapacit
 const ADMIN_TOKEN: &str = "drafs-test-admin-token";
 const SCRATCH_PREFIX: &str = "drafs-kube-";
 
-/// Whether the tier may be skipped: only outside CI, and only when asked.
-fn skip_requested() -> bool {
-    std::env::var_os("CI").is_none() && std::env::var("DRAFS_NO_KUBE_TESTS").is_ok_and(|v| v == "1")
-}
-
 /// The shared control plane of this test process, or `None` (loudly) when the
 /// tier is switched off outside CI. A control plane that cannot be built or
 /// started fails the test.
 pub fn shared() -> Option<&'static ControlPlane> {
-    if skip_requested() {
-        eprintln!("\n*** DRAFS_NO_KUBE_TESTS=1: SKIPPING a real kube-apiserver test (never skipped in CI) ***\n");
+    if super::tier_skipped("DRAFS_NO_KUBE_TESTS", "a real kube-apiserver test") {
         return None;
     }
     static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
@@ -49,8 +43,7 @@ pub fn shared() -> Option<&'static ControlPlane> {
 
 /// A control plane of the test's own (for tests that restart the API server).
 pub fn private() -> Option<ControlPlane> {
-    if skip_requested() {
-        eprintln!("\n*** DRAFS_NO_KUBE_TESTS=1: SKIPPING a real kube-apiserver test (never skipped in CI) ***\n");
+    if super::tier_skipped("DRAFS_NO_KUBE_TESTS", "a real kube-apiserver test") {
         return None;
     }
     Some(ControlPlane::start().unwrap_or_else(|e| panic!("the real control plane did not start: {e}")))

@@ -33,15 +33,10 @@ pub const NODE_NAME: &str = "drafs-node";
 pub const DRAFS_IMAGE: &str = "drafs:realnode";
 pub const SHELL_IMAGE: &str = "drafs-test/shell:1";
 
-fn skip_requested() -> bool {
-    std::env::var_os("CI").is_none() && std::env::var("DRAFS_NO_NODE_TESTS").is_ok_and(|v| v == "1")
-}
-
 /// The node of this test process, or `None` (loudly) when the tier is
 /// switched off outside CI. A node that cannot be built or started fails the test.
 pub fn shared() -> Option<&'static Node> {
-    if skip_requested() {
-        eprintln!("\n*** DRAFS_NO_NODE_TESTS=1: SKIPPING a real-node test (never skipped in CI) ***\n");
+    if super::tier_skipped("DRAFS_NO_NODE_TESTS", "a real-node test") {
         return None;
     }
     static SHARED: OnceLock<Result<Node, String>> = OnceLock::new();

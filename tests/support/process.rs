@@ -276,13 +276,7 @@ impl Serve {
         std::iter::once(pid.to_string())
             .chain(children.split_whitespace().map(str::to_string))
             .filter_map(|p| p.parse::<i32>().ok())
-            .find(|p| {
-                std::fs::read_dir(format!("/proc/{p}/fd"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
-            })
+            .find(|p| holds_dev_fuse(*p))
     }
 
     /// Wait for the process to exit by itself.
@@ -330,4 +324,24 @@ pub fn drafs_with_stdin(args: &[&str], input: &str) -> std::process::Output {
         .unwrap();
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     wait_output(child, Duration::from_secs(60))
+}
+
+/// Whether process `pid` has /dev/fuse open: the one serving a FUSE tree
+/// (drafs's supervisor has not).
+pub fn holds_dev_fuse(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+}
+
+/// Whether a real tier is switched off: only outside CI, only when its
+/// variable is 1, and then loudly (`what` names the test skipped).
+pub fn tier_skipped(variable: &str, what: &str) -> bool {
+    let skip = std::env::var_os("CI").is_none() && std::env::var(variable).is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!("\n*** {variable}=1: SKIPPING {what} (never skipped in CI) ***\n");
+    }
+    skip
 }
