@@ -13,14 +13,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// Every document of an example directory, in the order `kubectl apply -f DIR` applies them.
 fn manifest(dir: &str) -> Vec<Value> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_path(dir))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files.iter().flat_map(|f| yaml_docs(&std::fs::read_to_string(f).unwrap())).collect()
+    yaml_files_in(dir).iter().flat_map(|f| yaml_docs(&std::fs::read_to_string(f).unwrap())).collect()
 }
 
 fn pod_spec(docs: &[Value]) -> &Value {

@@ -36,14 +36,11 @@ fn localize(yaml: &str) -> String {
 
 /// Every file of an example directory, in order, localized.
 fn example(dir: &str) -> String {
-    let mut files: Vec<_> = std::fs::read_dir(repo_path(&format!("examples/{dir}")))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files.iter().map(|f| localize(&std::fs::read_to_string(f).unwrap())).collect::<Vec<_>>().join("\n---\n")
+    yaml_files_in(&format!("examples/{dir}"))
+        .iter()
+        .map(|f| localize(&std::fs::read_to_string(f).unwrap()))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 /// `drafs inject` on the host, as a user would before `kubectl apply`.

@@ -345,3 +345,16 @@ pub fn tier_skipped(variable: &str, what: &str) -> bool {
     }
     skip
 }
+
+/// The `.yaml` files of a directory of the repository, in the order
+/// `kubectl apply -f DIR` applies them.
+pub fn yaml_files_in(dir: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_path(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
