@@ -69,15 +69,15 @@ pub fn tree_listing(built: &BuiltTree) -> String {
     text
 }
 
-/// One row per attribute, capacity, consumed capacity and status value, in aligned columns.
+/// One row per attribute, capacity, consumed capacity, status and health value, in aligned columns.
 pub fn table(res: &Resolution) -> String {
     let mut rows =
         vec![["CLAIM", "REQUEST", "INDEX", "DRIVER", "DEVICE", "ATTRIBUTE", "VALUE"].map(String::from).to_vec()];
     for claim in &res.claims {
         for device in &claim.devices {
             for (name, kind, value) in tree::device_entries(device) {
-                if matches!(kind, EntryKind::Attribute | EntryKind::Capacity | EntryKind::Consumed | EntryKind::Status)
-                {
+                use EntryKind::*;
+                if matches!(kind, Attribute | Capacity | Consumed | Status | Health) {
                     let row = [
                         claim.pod_claim.as_str(),
                         device.full_request.as_str(),

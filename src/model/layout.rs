@@ -18,6 +18,10 @@ pub const SHARE_ID: &str = ".shareID";
 pub const CAPACITY_DIR: &str = ".capacity";
 /// The share of the capacity a shared allocation consumed, named like `.capacity`.
 pub const CONSUMED_DIR: &str = ".consumed";
+/// The device's health as the kubelet reports it (`Healthy`, `Unhealthy`, `Unknown`),
+/// and the driver's message about it; absent while nothing reports on the device.
+pub const HEALTH: &str = ".health";
+pub const HEALTH_MESSAGE: &str = ".healthMessage";
 /// The claim status's device data (network status) lives under this directory.
 pub const STATUS_DIR: &str = ".status";
 pub const STATUS_INTERFACE_NAME: &str = ".status/interfaceName";

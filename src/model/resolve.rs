@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
 
@@ -127,6 +128,8 @@ pub struct ResolvedDevice {
     /// The share of the device's capacity this allocation consumed (consumable capacity).
     pub consumed: BTreeMap<QualifiedName, String>,
     pub status: Option<DeviceStatus>,
+    /// The health the kubelet reports in the pod's status (KEP-4680), if any.
+    pub health: Option<Health>,
 }
 
 /// One pod claim and the devices resolved for it so far.
@@ -462,6 +465,7 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
         };
         resolve_claim(&mut out, &index, name, pod_claim.from_template, claim);
     }
+    health::attach(pod, &mut out.claims);
     out.missing.sort();
     out.missing.dedup();
     out
@@ -601,6 +605,7 @@ fn resolve_device(
         capacity,
         consumed,
         status,
+        health: None,
     }
 }
 

@@ -140,6 +140,7 @@ pub enum EntryKind {
     Capacity,
     Consumed,
     Status,
+    Health,
     Record,
 }
 
@@ -181,6 +182,12 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
             out.push((layout::STATUS_DATA.into(), Status, v.to_string()));
         }
     }
+    if let Some(health) = &device.health {
+        out.push((layout::HEALTH.into(), Health, health.state.to_string()));
+        if let Some(message) = &health.message {
+            out.push((layout::HEALTH_MESSAGE.into(), Health, message.clone()));
+        }
+    }
     out.push((layout::RECORD.into(), Record, device_record(device).to_string()));
     out
 }
@@ -212,6 +219,9 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
     }
     if let Some(status) = &device.status {
         record["status"] = serde_json::to_value(status).unwrap_or(Value::Null);
+    }
+    if let Some(health) = &device.health {
+        record["health"] = serde_json::to_value(health).unwrap_or(Value::Null);
     }
     record
 }

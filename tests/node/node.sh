@@ -272,7 +272,7 @@ for driver in $(cat "$work/drivers"); do
     start "driver-$name" dra-driver --kubeconfig="$work/admin.kubeconfig" --node-name=$NODE_NAME \
         --driver-name="$name" --datadir=/var/lib/kubelet/plugins \
         --plugin-registration-path=/var/lib/kubelet/plugins_registry --cdi-dir=/var/run/cdi \
-        --devices="$work/devices-$name.json" $flags
+        --devices="$work/devices-$name.json" --health="$work/health-$name.json" $flags
 done
 for driver in $(cat "$work/drivers"); do
     name=${driver%%:*}

@@ -378,6 +378,16 @@ impl Node {
         std::fs::rename(&tmp, &path).unwrap();
     }
 
+    /// Report device health the way a driver monitoring its hardware does: the
+    /// driver notices the file and tells the kubelet (DRAResourceHealth), which
+    /// writes it into the pod's `allocatedResourcesStatus`.
+    pub fn set_health(&self, driver: &str, health: &Value) {
+        let path = self.work.join(format!("health-{driver}.json"));
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, health.to_string()).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
     /// A namespace with drafs's RBAC (`drafs manifests rbac`), at Pod Security `level` if given.
     pub fn namespace(&self, name: &str, level: Option<&str>) {
         let mut ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});

@@ -5,6 +5,9 @@
 // devices a JSON file describes, so that they carry realistic attributes and
 // capacities (the stock driver publishes bare devices). When the file changes
 // the driver republishes its slices, as a driver does when a device changes.
+// The health of devices comes from a second file, re-read the same way, and
+// reaches the kubelet through the DRAResourceHealth gRPC service, as a driver
+// that monitors its hardware reports it.
 package main
 
 import (
@@ -39,12 +42,13 @@ func main() {
 	cdiDir := flag.String("cdi-dir", "", "where the driver writes its CDI specs")
 	devicesFile := flag.String("devices", "", "JSON list of resource.k8s.io/v1 Devices to publish; re-read when it changes")
 	metadata := flag.Bool("enable-device-metadata", false, "write KEP-5304 device metadata for prepared claims")
+	healthFile := flag.String("health", "", `JSON list of {"pool","device","health","message"} reported to the kubelet; re-read when it changes`)
 	flag.Parse()
 	if *nodeName == "" || *driverName == "" || *pluginsDir == "" || *registryDir == "" || *cdiDir == "" || *devicesFile == "" {
 		fmt.Fprintln(os.Stderr, "dra-driver: --node-name, --driver-name, --datadir, --plugin-registration-path, --cdi-dir and --devices are required")
 		os.Exit(2)
 	}
-	if err := run(*kubeconfig, *nodeName, *driverName, *pluginsDir, *registryDir, *cdiDir, *devicesFile, *metadata); err != nil {
+	if err := run(*kubeconfig, *nodeName, *driverName, *pluginsDir, *registryDir, *cdiDir, *devicesFile, *healthFile, *metadata); err != nil {
 		fmt.Fprintf(os.Stderr, "dra-driver: %v\n", err)
 		os.Exit(1)
 	}
@@ -69,7 +73,34 @@ func load(path, node string) ([]byte, *resourceslice.DriverResources, error) {
 	return raw, &r, nil
 }
 
-func run(kubeconfig, node, driver, pluginsDir, registryDir, cdiDir, devicesFile string, metadata bool) error {
+// deviceHealth is one entry of the --health file.
+type deviceHealth struct {
+	Pool    string `json:"pool"`
+	Device  string `json:"device"`
+	Health  string `json:"health"`
+	Message string `json:"message"`
+}
+
+// loadHealth reads the --health file; a missing file reports nothing.
+func loadHealth(path string) ([]byte, []deviceHealth, error) {
+	if path == "" {
+		return nil, nil, nil
+	}
+	raw, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var health []deviceHealth
+	if err := json.Unmarshal(raw, &health); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return raw, health, nil
+}
+
+func run(kubeconfig, node, driver, pluginsDir, registryDir, cdiDir, devicesFile, healthFile string, metadata bool) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
@@ -104,11 +135,26 @@ func run(kubeconfig, node, driver, pluginsDir, registryDir, cdiDir, devicesFile 
 	fmt.Fprintf(os.Stderr, "dra-driver: %s serving on node %s (metadata %v)\n", driver, node, metadata)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	var healthRaw []byte
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+		if now, health, err := loadHealth(healthFile); err != nil {
+			fmt.Fprintf(os.Stderr, "dra-driver: keeping the reported health: %v\n", err)
+		} else if !bytes.Equal(now, healthRaw) {
+			healthRaw = now
+			for _, h := range health {
+				update := app.DeviceHealthUpdate{PoolName: h.Pool, DeviceName: h.Device, Health: h.Health, Message: h.Message}
+				select {
+				case plugin.HealthControlChan <- update:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			fmt.Fprintf(os.Stderr, "dra-driver: reported the health in %s\n", healthFile)
 		}
 		now, next, err := load(devicesFile, node)
 		if err != nil {
