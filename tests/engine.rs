@@ -123,8 +123,8 @@ fn serve_follows_with_one_watch_per_scope() {
                 }
             }
             let watching = reconciler.watching().count();
-            if !changed && watching == 2 {
-                // Both scopes are followed: change the NIC's slice.
+            if !changed && watching == 3 {
+                // The claim, the node's slices and the pod are followed: change the NIC's slice.
                 let mut s = api.get("ResourceSlice", "", "node-rdma-02-dra.net-7fk2l").unwrap();
                 s["spec"]["devices"][1]["attributes"]["dra.net/ifName"] = json!({"string": "ens9"});
                 api.apply(s);
@@ -135,9 +135,24 @@ fn serve_follows_with_one_watch_per_scope() {
                 .await
                 .unwrap();
         }
-        let watches: Vec<String> =
-            api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect();
-        assert_eq!(watches.len(), 2, "one watch per scope: {watches:?}");
+        let mut watches: Vec<String> = api
+            .requests()
+            .iter()
+            .filter(|r| r.verb == "watch")
+            .map(|r| format!("{} {}", r.resource, r.field_selector))
+            .collect();
+        watches.sort();
+        assert_eq!(
+            watches,
+            [
+                "pods metadata.name=allreduce-worker-3",
+                "resourceclaims metadata.name=allreduce-worker-3-nics-q8w4t",
+                "resourceslices spec.nodeName=node-rdma-02"
+            ],
+            "one watch per scope"
+        );
+        // The pod is watched from the version it was fetched at: no list of pods.
+        assert!(api.requests().iter().all(|r| !(r.verb == "list" && r.resource == "pods")));
     })
 }
 

@@ -59,7 +59,7 @@ pub enum Command {
     /// Exit 0 if the tree at --dir is there and ready, 1 otherwise (startupProbe/readinessProbe).
     Probe(ProbeArgs),
     /// Unmount a FUSE tree at --dir (lazily if files are open); for a preStop hook.
-    Unmount(ProbeArgs),
+    Unmount(DirArgs),
     /// Set environment variables from device values and run a command in place of drafs.
     Exec(ExecArgs),
     /// Copy this static binary into a directory (a shared emptyDir), to use as an entrypoint wrapper.
@@ -256,10 +256,20 @@ pub enum Backend {
 }
 
 #[derive(Debug, Args)]
-pub struct ProbeArgs {
+pub struct DirArgs {
     /// The tree's directory.
     #[arg(long, env = "DRAFS_DIR", default_value = "/dra")]
     pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    pub dir: DirArgs,
+    /// Also fail while the kubelet reports a device Unhealthy (a readinessProbe
+    /// that takes the pod out of Service endpoints while its GPU is broken).
+    #[arg(long, env = "DRAFS_PROBE_HEALTHY")]
+    pub healthy: bool,
 }
 
 /// What to resolve.

@@ -65,7 +65,7 @@ impl Failure {
 pub enum Config {
     Init(init::Config),
     Serve(serve::Config),
-    Probe(PathBuf),
+    Probe(probe::Config),
     Unmount(PathBuf),
     Get(get::Config),
     Exec(exec::Config),
@@ -82,7 +82,7 @@ impl Config {
         Ok(match command {
             Command::Init(args) => Config::Init(init::Config::from_args(args)?),
             Command::Serve(args) => Config::Serve(serve::Config::from_args(args)?),
-            Command::Probe(args) => Config::Probe(args.dir.clone()),
+            Command::Probe(args) => Config::Probe(probe::Config { dir: args.dir.dir.clone(), healthy: args.healthy }),
             Command::Unmount(args) => Config::Unmount(args.dir.clone()),
             Command::Get(args) => Config::Get(get::Config::from_args(args)?),
             Command::Exec(args) => Config::Exec(exec::Config::from_args(args)?),
@@ -107,7 +107,7 @@ pub async fn run(config: Config, stop: Stop) -> Result<(), Failure> {
     match config {
         Config::Init(c) => init::run(c, stop).await,
         Config::Serve(c) => serve::run(c, stop).await,
-        Config::Probe(dir) => blocking(stop, move || probe::run(&dir)).await,
+        Config::Probe(c) => blocking(stop, move || probe::run(&c)).await,
         Config::Unmount(dir) => blocking(stop, move || unmount::run(&dir)).await,
         Config::Get(c) => fail_on(stop, get::run(c)).await,
         Config::Exec(c) => fail_on(stop, exec::run(c)).await,

@@ -60,6 +60,7 @@ async fn serve(c: &Config) -> Result<(), Failure> {
             let (res, built) = file_tree(path, pod_name.as_deref(), &c.select, &out.require)?;
             publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
             metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
+            metrics.device_health(&res);
             if !built.is_ready() {
                 warn!("not ready: {}", built.missing.join("; "));
             }

@@ -152,6 +152,8 @@ pub struct Reconciler {
     listing: BTreeSet<Scope>,
     watching: BTreeSet<Scope>,
     pod_pending: bool,
+    /// The pod's watch was refused (401/403): serve goes on without it.
+    pod_watch_refused: bool,
     /// Start-up retries: the pod, and each scope until its first list.
     backoff: BTreeMap<String, RetryBackoff>,
     /// Retries of scopes listed once (see [`WatchBackoff`]).
@@ -192,6 +194,7 @@ impl Reconciler {
             listing: BTreeSet::new(),
             watching: BTreeSet::new(),
             pod_pending: false,
+            pod_watch_refused: false,
             backoff: BTreeMap::new(),
             trouble: WatchBackoff::new(seed),
             watch_after: BTreeMap::new(),
@@ -283,6 +286,13 @@ impl Reconciler {
             Input::Listed { scope, items, resource_version, decoded_with } => {
                 return self.on_listed(scope, items, resource_version, decoded_with, step);
             }
+            Input::Applied { scope, item: Item::Pod(pod) } => {
+                // The watched pod: as if fetched, unless it is another one.
+                if let Some(error) = self.other_pod(&pod) {
+                    return self.on_failed(scope, error, step);
+                }
+                self.on_pod(*pod, step);
+            }
             Input::Applied { scope, item } => {
                 if let Some(item) = self.admit(&scope, vec![item], step).pop() {
                     self.store.apply(&scope, item);
@@ -363,6 +373,18 @@ impl Reconciler {
     fn on_failed(&mut self, scope: Scope, error: ApiError, step: &mut Step) -> bool {
         let was_watch = self.watching.remove(&scope);
         self.listing.remove(&scope);
+        if matches!(scope, Scope::Pod(_)) && error.is_fatal() {
+            // Only health follows the pod's watch: without the permission (RBAC
+            // from before it was needed), serve goes on without it.
+            self.store.remove_scope(&scope);
+            self.watch_after.remove(&scope);
+            self.pod_watch_refused = true;
+            step.warnings.extend(self.warn_once(format!(
+                "{error}: device health will not follow the pod's status; \
+                 grant `watch` on pods (drafs manifests rbac) and restart drafs"
+            )));
+            return false;
+        }
         if self.fatal(&error, step) {
             return false;
         }
@@ -392,6 +414,20 @@ impl Reconciler {
         // bring the next request closer.
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
         let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
+        if self.mode == Mode::Follow {
+            // serve watches the pod from the version it was fetched at, for the
+            // health the kubelet writes into its status: no request more at start.
+            let scope = Scope::Pod(self.pod_ref.name.clone());
+            let version = pod.metadata.resource_version.clone().filter(|v| !v.is_empty());
+            if let Some(version) = version {
+                if self.store.has_scope(&scope) {
+                    self.store.bookmark(&scope, version);
+                } else if !self.pod_watch_refused {
+                    self.store.add_scope(scope.clone());
+                    self.store.replace(&scope, Vec::new(), version);
+                }
+            }
+        }
         self.store.pod = Some(pod);
         for claim in claims {
             self.add_and_list(Scope::Claim(claim), step);
@@ -425,6 +461,8 @@ impl Reconciler {
             let admitted = match &item {
                 Item::Claim(c) => scope.admits_claim(c, &self.pod_ref.namespace),
                 Item::Slice(s) => scope.admits_slice(s),
+                // The pod is taken in by `apply`, never kept among a scope's objects.
+                Item::Pod(_) => false,
             };
             if !admitted {
                 let warning = format!(
@@ -465,6 +503,16 @@ impl Reconciler {
     }
 
     fn list(&mut self, scope: Scope, after: Duration, step: &mut Step) {
+        if let Scope::Pod(_) = scope {
+            // The pod is fetched, never listed; the watch resumes from the answer.
+            self.watching.remove(&scope);
+            self.watch_after.remove(&scope);
+            if !self.pod_pending {
+                self.pod_pending = true;
+                step.actions.push(Action::GetPod { after });
+            }
+            return;
+        }
         if self.listing.insert(scope.clone()) {
             self.watching.remove(&scope);
             self.watch_after.remove(&scope);
@@ -474,6 +522,10 @@ impl Reconciler {
 
     fn watch(&mut self, scope: &Scope, step: &mut Step) {
         if self.watching.contains(scope) || self.listing.contains(scope) || !self.store.is_listed(scope) {
+            return;
+        }
+        if matches!(scope, Scope::Pod(_)) && self.pod_pending {
+            // Its version is being renewed by a get.
             return;
         }
         let Some(rv) = self.store.resource_version(scope).map(String::from) else { return };
@@ -649,7 +701,8 @@ impl Reconciler {
             .scopes()
             .filter(|s| match s {
                 Scope::Claim(name) => requirement_missing || claims.contains(name),
-                _ => devices,
+                Scope::NodeSlices(_) | Scope::DriverSlices(_) => devices,
+                Scope::Pod(_) => false,
             })
             .cloned()
             .collect();

@@ -253,7 +253,8 @@ impl ScopeContext {
     fn url(&self) -> String {
         match &self.scope {
             Scope::Claim(_) => format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", self.namespace),
-            _ => "/apis/resource.k8s.io/v1/resourceslices".to_string(),
+            Scope::Pod(_) => format!("/api/v1/namespaces/{}/pods", self.namespace),
+            Scope::NodeSlices(_) | Scope::DriverSlices(_) => "/apis/resource.k8s.io/v1/resourceslices".to_string(),
         }
     }
 
@@ -298,7 +299,10 @@ impl ScopeContext {
                 }
                 Some(Item::Claim(Box::new(claim)))
             }
-            _ => slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s))),
+            Scope::Pod(_) => Some(Item::Pod(Box::new(serde_json::from_str(raw)?))),
+            Scope::NodeSlices(_) | Scope::DriverSlices(_) => {
+                slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s)))
+            }
         })
     }
 }

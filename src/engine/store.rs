@@ -31,6 +31,10 @@ pub enum Scope {
     NodeSlices(String),
     /// The slices of one driver bound to no single node (`spec.driver=<d>,spec.nodeName=`).
     DriverSlices(String),
+    /// The pod itself (`metadata.name=<pod>`), watched by `serve` for what the
+    /// kubelet writes into its status (device health). Only ever watched: its
+    /// "list" is a get of the pod, which needs no `list` permission.
+    Pod(String),
 }
 
 impl Scope {
@@ -39,6 +43,7 @@ impl Scope {
             Scope::Claim(name) => format!("metadata.name={name}"),
             Scope::NodeSlices(node) => format!("spec.nodeName={node}"),
             Scope::DriverSlices(driver) => format!("spec.driver={driver},spec.nodeName="),
+            Scope::Pod(name) => format!("metadata.name={name}"),
         }
     }
 
@@ -46,11 +51,12 @@ impl Scope {
         match self {
             Scope::Claim(_) => "resourceclaims",
             Scope::NodeSlices(_) | Scope::DriverSlices(_) => "resourceslices",
+            Scope::Pod(_) => "pods",
         }
     }
 
     pub fn is_slices(&self) -> bool {
-        !matches!(self, Scope::Claim(_))
+        matches!(self, Scope::NodeSlices(_) | Scope::DriverSlices(_))
     }
 
     /// Whether an object the server sent for this scope really belongs to it
@@ -63,7 +69,7 @@ impl Scope {
     pub fn admits_slice(&self, slice: &ResourceSlice) -> bool {
         let node = slice.spec.node_name.as_deref().unwrap_or("");
         match self {
-            Scope::Claim(_) => false,
+            Scope::Claim(_) | Scope::Pod(_) => false,
             Scope::NodeSlices(n) => node == n,
             Scope::DriverSlices(d) => node.is_empty() && slice.spec.driver == *d,
         }
@@ -81,6 +87,8 @@ impl std::fmt::Display for Scope {
 pub enum Item {
     Claim(Box<ResourceClaim>),
     Slice(Box<ResourceSlice>),
+    /// The pod, from its watch; the reconciler keeps it as `Store::pod`, never among a scope's objects.
+    Pod(Box<Pod>),
 }
 
 impl Item {
@@ -88,6 +96,7 @@ impl Item {
         match self {
             Item::Claim(c) => c.metadata.name.as_deref().unwrap_or(""),
             Item::Slice(s) => s.metadata.name.as_deref().unwrap_or(""),
+            Item::Pod(p) => p.metadata.name.as_deref().unwrap_or(""),
         }
     }
 
@@ -95,6 +104,7 @@ impl Item {
         match self {
             Item::Claim(c) => c.metadata.resource_version.as_deref(),
             Item::Slice(s) => s.metadata.resource_version.as_deref(),
+            Item::Pod(p) => p.metadata.resource_version.as_deref(),
         }
     }
 }
@@ -127,7 +137,7 @@ fn pool_of(item: &Item) -> Option<(PoolKey, i64, i64)> {
             s.spec.pool.generation,
             s.spec.pool.resource_slice_count,
         )),
-        Item::Claim(_) => None,
+        Item::Claim(_) | Item::Pod(_) => None,
     }
 }
 
@@ -204,6 +214,10 @@ impl Store {
         self.scopes.entry(scope).or_default();
     }
 
+    pub fn remove_scope(&mut self, scope: &Scope) {
+        self.scopes.remove(scope);
+    }
+
     pub fn has_scope(&self, scope: &Scope) -> bool {
         self.scopes.contains_key(scope)
     }
@@ -263,7 +277,7 @@ impl Store {
     pub fn claims(&self) -> impl Iterator<Item = &ResourceClaim> {
         self.scopes.values().flat_map(|s| s.objects.values()).filter_map(|i| match i {
             Item::Claim(c) => Some(c.as_ref()),
-            Item::Slice(_) => None,
+            Item::Slice(_) | Item::Pod(_) => None,
         })
     }
 
@@ -281,6 +295,7 @@ impl Store {
                 Item::Slice(s) => {
                     snapshot.slices.insert(item.name().to_string(), s.as_ref().clone());
                 }
+                Item::Pod(_) => {}
             }
         }
         for kept in self.scopes.values().flat_map(|s| s.kept.values()) {
@@ -352,7 +367,7 @@ mod tests {
     fn pooled(name: &str, generation: i64) -> Item {
         let mut s = match slice(name, &generation.to_string()) {
             Item::Slice(s) => s,
-            Item::Claim(_) => unreachable!(),
+            _ => unreachable!("slice() makes slices"),
         };
         s.spec.driver = "d".into();
         s.spec.pool.name = "p".into();

@@ -73,7 +73,8 @@ struct Report {
 /// ephemeral containers alike).
 fn reports(pod: &Pod) -> Vec<Report> {
     let Some(status) = &pod.status else { return Vec::new() };
-    let containers = [&status.container_statuses, &status.init_container_statuses, &status.ephemeral_container_statuses];
+    let containers =
+        [&status.container_statuses, &status.init_container_statuses, &status.ephemeral_container_statuses];
     let mut out = Vec::new();
     for container in containers.into_iter().flatten().flatten() {
         for entry in container.allocated_resources_status.iter().flatten() {
@@ -200,9 +201,12 @@ mod tests {
 
     #[test]
     fn a_driver_pool_device_id_names_its_device_exactly() {
-        let p = pod(json!([container("app", json!([{"name": "claim:gpu/gpu", "resources": [
+        let p = pod(json!([container(
+            "app",
+            json!([{"name": "claim:gpu/gpu", "resources": [
             {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"},
-            {"resourceID": "gpu.example.com/node-1/gpu-2", "health": "Unhealthy", "message": "XID 79"}]}]))]));
+            {"resourceID": "gpu.example.com/node-1/gpu-2", "health": "Unhealthy", "message": "XID 79"}]}])
+        )]));
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2"), device("nic", 0, "nic-1")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Healthy"), Some("Unhealthy"), None]);
@@ -212,15 +216,21 @@ mod tests {
     #[test]
     fn a_cdi_id_is_about_every_device_it_covers_and_several_get_the_worst() {
         // One device in the request: the CDI id can only be about it.
-        let p = pod(json!([container("app", json!([{"name": "claim:gpu/gpu", "resources": [
-            {"resourceID": "gpu.example.com/test=claim-u-gpu", "health": "Unhealthy"}]}]))]));
+        let p = pod(json!([container(
+            "app",
+            json!([{"name": "claim:gpu/gpu", "resources": [
+            {"resourceID": "gpu.example.com/test=claim-u-gpu", "health": "Unhealthy"}]}])
+        )]));
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("nic", 0, "nic-1")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Unhealthy"), None]);
         // Two devices, two CDI ids, one unhealthy: which one cannot be told, so both.
-        let p = pod(json!([container("app", json!([{"name": "claim:gpu", "resources": [
+        let p = pod(json!([container(
+            "app",
+            json!([{"name": "claim:gpu", "resources": [
             {"resourceID": "vendor/gpu=a", "health": "Healthy"},
-            {"resourceID": "vendor/gpu=b", "health": "Unhealthy"}]}]))]));
+            {"resourceID": "vendor/gpu=b", "health": "Unhealthy"}]}])
+        )]));
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Unhealthy"), Some("Unhealthy")]);
@@ -229,12 +239,18 @@ mod tests {
     #[test]
     fn containers_that_disagree_give_the_worst_and_other_claims_are_untouched() {
         let p = pod(json!([
-            container("a", json!([{"name": "claim:gpu", "resources": [
-                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"}]}])),
-            container("b", json!([{"name": "claim:gpu", "resources": [
+            container(
+                "a",
+                json!([{"name": "claim:gpu", "resources": [
+                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"}]}])
+            ),
+            container(
+                "b",
+                json!([{"name": "claim:gpu", "resources": [
                 {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unknown"}]},
                 {"name": "claim:other", "resources": [
-                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unhealthy"}]}]))
+                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unhealthy"}]}])
+            )
         ]));
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1")])];
         attach(&p, &mut claims);

@@ -16,6 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
+use crate::model::health::HealthState;
+use crate::model::resolve::Resolution;
+
 /// One metric family: name, type, help and (labels, value) samples.
 type Family = (&'static str, &'static str, &'static str, Vec<(String, String)>);
 
@@ -31,6 +34,8 @@ pub struct Metrics {
     values_served: AtomicU64,
     fuse_reads: AtomicU64,
     api_errors: Mutex<BTreeMap<String, u64>>,
+    /// Each device the kubelet reports health for: its labels and state.
+    device_health: Mutex<Vec<(String, HealthState)>>,
 }
 
 impl Default for Metrics {
@@ -45,6 +50,7 @@ impl Default for Metrics {
             values_served: AtomicU64::new(0),
             fuse_reads: AtomicU64::new(0),
             api_errors: Mutex::new(BTreeMap::new()),
+            device_health: Mutex::new(Vec::new()),
         }
     }
 }
@@ -60,6 +66,34 @@ impl Metrics {
             let _ = self.ready_after_ms.compare_exchange(0, ms, Ordering::Relaxed, Ordering::Relaxed);
         } else {
             self.not_ready(missing);
+        }
+    }
+
+    /// The health of the published tree's devices (those the kubelet reports on).
+    pub fn device_health(&self, res: &Resolution) {
+        let samples = res
+            .claims
+            .iter()
+            .flat_map(|c| c.devices.iter().map(move |d| (c, d)))
+            .filter_map(|(c, d)| {
+                let health = d.health.as_ref()?;
+                let labels = [
+                    ("claim", c.pod_claim.as_str()),
+                    ("request", d.request.as_str()),
+                    ("index", &d.index.to_string()),
+                    ("driver", d.driver.as_str()),
+                    ("pool", d.pool.as_str()),
+                    ("device", d.device.as_str()),
+                ]
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+                .collect::<Vec<_>>()
+                .join(",");
+                Some((labels, health.state))
+            })
+            .collect();
+        if let Ok(mut h) = self.device_health.lock() {
+            *h = samples;
         }
     }
 
@@ -129,6 +163,23 @@ impl Metrics {
             ),
             ("drafs_values_served", "gauge", "Files in the current tree.", count(&self.values_served)),
             (
+                "drafs_device_health",
+                "gauge",
+                "1 for the health the kubelet reports for an allocated device (Healthy, Unhealthy or Unknown), 0 for the others.",
+                self.device_health
+                    .lock()
+                    .map(|h| {
+                        h.iter()
+                            .flat_map(|(labels, state)| {
+                                HealthState::ALL.into_iter().map(move |s| {
+                                    (format!("{{{labels},state=\"{s}\"}}"), u8::from(s == *state).to_string())
+                                })
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
+            (
                 "drafs_fuse_reads_total",
                 "counter",
                 "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
@@ -144,6 +195,11 @@ impl Metrics {
         }
         out
     }
+}
+
+/// A label value in the exposition format: backslash, quote and newline escaped.
+fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// What a metrics endpoint answers: (status, content type, body) for a GET of `path`.
@@ -267,5 +323,21 @@ mod tests {
         assert_eq!(m.respond("/readyz").0, 200);
         assert_eq!(m.respond("/healthz").0, 200);
         assert_eq!(m.respond("/nope").0, 404);
+    }
+
+    #[test]
+    fn device_health_is_one_hot_per_device_the_kubelet_reports_on() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/offline/unhealthy-gpu.yaml"));
+        let objects = crate::model::objects::FileObjects::parse("unhealthy-gpu.yaml", &text.unwrap()).unwrap();
+        let snapshot = objects.into_snapshot("unhealthy-gpu.yaml", None).unwrap();
+        let res = crate::model::resolve::resolve(&snapshot, &Default::default());
+        let m = Metrics::default();
+        m.device_health(&res);
+        let text = m.render();
+        let gpu3 = r#"claim="gpus",request="gpu",index="1",driver="gpu.nvidia.com",pool="gpu-node-7",device="gpu-3""#;
+        assert!(text.contains(&format!("drafs_device_health{{{gpu3},state=\"Unhealthy\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("drafs_device_health{{{gpu3},state=\"Healthy\"}} 0\n")), "{text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with("drafs_device_health{")).count(), 6, "{text}");
+        assert_eq!(escape_label("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
     }
 }

@@ -233,6 +233,7 @@ impl Outputs {
             Ok(()) => {
                 self.files = files;
                 self.metrics.tree_published(built.is_ready(), files, &built.missing);
+                self.metrics.device_health(&publication.resolution);
                 if std::mem::take(&mut self.failing) {
                     info!("outputs written again");
                 }
