@@ -343,6 +343,81 @@ fn consumed_capacity_arrives_with_the_allocation() {
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
 }
 
+/// The kubelet writes a device's health into the pod's status (KEP-4680):
+/// `serve` follows the pod, so `.health` changes live, and `probe --healthy`
+/// fails while a device is Unhealthy.
+#[test]
+fn device_health_follows_the_pods_status_and_fails_a_healthy_probe() {
+    let (api, env) = example("ml", "trainer-4", "examples/offline/unhealthy-gpu.yaml");
+    let dir = env.path("files");
+    let dir_arg = dir.to_str().unwrap();
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    assert_eq!(serve.read("gpus/gpu/0/.health").as_deref(), Some("Healthy"));
+    assert_eq!(serve.read("gpus/gpu/0/.healthMessage"), None);
+    assert_eq!(serve.read("gpus/gpu/1/.health").as_deref(), Some("Unhealthy"));
+    assert_eq!(serve.read("gpus/gpu/1/.healthMessage").as_deref(), Some("XID 79: GPU has fallen off the bus"));
+    let probe = |healthy: bool| {
+        let mut args = vec!["probe", "--dir", dir_arg];
+        args.extend(healthy.then_some("--healthy"));
+        env.run(&args, LIMIT)
+    };
+    assert!(probe(false).status.success(), "plain probe: ready is about values, not health");
+    let unhealthy = probe(true);
+    assert_eq!(unhealthy.status.code(), Some(1));
+    assert!(
+        stderr(&unhealthy).contains("gpus/gpu/1 (gpu.nvidia.com/gpu-node-7/gpu-3) is Unhealthy: XID 79"),
+        "{}",
+        stderr(&unhealthy)
+    );
+
+    // The driver reports the GPU healthy again; the kubelet updates the pod's status.
+    let mut pod = api.get("Pod", "ml", "trainer-4").unwrap();
+    pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][1] =
+        json!({"resourceID": "gpu.nvidia.com/gpu-node-7/gpu-3", "health": "Healthy"});
+    api.apply(pod);
+    serve.wait_for("gpus/gpu/1/.health", Some("Healthy"), LIMIT);
+    assert_eq!(serve.read("gpus/gpu/1/.healthMessage"), None);
+    assert!(probe(true).status.success());
+
+    // Followed by a watch from the version fetched at start: one get, no list.
+    let pods: Vec<String> = api.requests().iter().filter(|r| r.resource == "pods").map(|r| r.verb.clone()).collect();
+    assert_eq!(pods.iter().filter(|v| *v == "get").count(), 1, "{pods:?}");
+    assert!(pods.iter().any(|v| v == "watch") && !pods.iter().any(|v| v == "list"), "{pods:?}");
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+/// RBAC from before `serve` watched the pod (get only): serve still serves and
+/// follows every other change; only health stays as fetched, and it says so.
+#[test]
+fn without_watch_on_pods_serve_still_follows_everything_else() {
+    let mut docs = drafs::admission::manifests::rbac("hpc", "drafs", true);
+    for doc in docs.iter_mut().filter(|d| d["kind"] == "Role") {
+        for rule in doc["rules"].as_array_mut().unwrap() {
+            if rule["resources"] == json!(["pods"]) {
+                rule["verbs"] = json!(["get"]);
+            }
+        }
+    }
+    let api = TestApi::start(&drafs::admission::manifests::to_yaml(&docs).unwrap(), "hpc");
+    api.add_token(TOKEN, "system:serviceaccount:hpc:drafs");
+    api.load_yaml(&read("examples/offline/rdma-network.yaml"));
+    let env = Env::new(&api, "hpc", "allreduce-worker-3", TOKEN);
+    let dir = env.path("files");
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    wait_until("the pod's watch refused", LIMIT, || {
+        api.requests().iter().any(|r| r.resource == "pods" && r.verb == "watch" && r.status == 403)
+    });
+    set_nic_attribute(&api, "dra.net/ifName", "ens9");
+    serve.wait_for(NIC0_IFNAME, Some("ens9"), LIMIT);
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(0));
+    let refused = api.requests().iter().filter(|r| r.resource == "pods" && r.verb == "watch").count();
+    assert_eq!(refused, 1, "a refused pod watch is not retried");
+    assert!(stderr(&out).contains("device health will not follow the pod's status"), "{}", stderr(&out));
+}
+
 /// docs/tree.md: once `.ready` is there, so is everything it vouches for. A
 /// reader racing the first publish never sees `.ready` without the tree, with
 /// either backend.

@@ -970,6 +970,77 @@ mod tests {
         assert!(r.handle(Input::Deadline).done.is_none());
     }
 
+    /// The pod as fetched at resource version `rv`, with the kubelet's health of g0.
+    fn pod_at(rv: &str, health: Option<&str>) -> Box<Pod> {
+        let Input::Pod(mut p) = pod(&[("gpu", "c")], &[]) else { unreachable!() };
+        p.metadata.resource_version = Some(rv.into());
+        if let Some(h) = health {
+            p.status.as_mut().unwrap().container_statuses = Some(vec![
+                serde_json::from_value(json!({
+                "name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
+                    {"resourceID": "gpu.example.com/n1/g0", "health": h}]}]}))
+                .unwrap(),
+            ]);
+        }
+        p
+    }
+
+    #[test]
+    fn serve_watches_the_pod_from_its_fetched_version_and_only_gets_it_again() {
+        let pod_scope = Scope::Pod("p".into());
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        r.handle(Input::Pod(pod_at("3", None)));
+        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
+        let filter = filter_of(&claims).unwrap();
+        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        assert!(matches!(step.transition, Some(Transition::Ready { .. })));
+        assert!(step.actions.iter().any(|a| matches!(a, Action::Watch { scope, resource_version, .. }
+            if *scope == pod_scope && resource_version == "3")));
+        assert!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health").is_none());
+        // The kubelet reports the device: the watch brings the pod, the tree has its health.
+        let step =
+            r.handle(Input::Applied { scope: pod_scope.clone(), item: Item::Pod(pod_at("4", Some("Unhealthy"))) });
+        assert_eq!(step.transition, Some(Transition::Updated));
+        assert_eq!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health"), Some(&b"Unhealthy"[..]));
+        // Another pod on the pod's watch is not taken.
+        let mut other = pod_at("5", Some("Healthy"));
+        other.metadata.name = Some("q".into());
+        let step = r.handle(Input::Applied { scope: pod_scope.clone(), item: Item::Pod(other) });
+        assert!(step.publish.is_none());
+        assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "the pod is fetched again");
+        r.handle(Input::Pod(pod_at("6", Some("Unhealthy"))));
+        // 410 Gone: the pod is fetched again (never listed), and watched from that answer.
+        r.handle(ended(pod_scope.clone(), Duration::from_secs(WATCH_SECONDS.into()), 1));
+        let step = r.handle(Input::Expired(pod_scope.clone()));
+        assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "{:?}", step.actions);
+        assert!(lists(&step).is_empty() && watches(&step).is_empty());
+        let step = r.handle(Input::Pod(pod_at("9", Some("Healthy"))));
+        assert!(step.actions.iter().any(|a| matches!(a, Action::Watch { scope, resource_version, .. }
+            if *scope == pod_scope && resource_version == "9")));
+        assert_eq!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health"), Some(&b"Healthy"[..]));
+        // Forbidden (RBAC without watch on pods): a warning, and no more tries.
+        let forbidden =
+            ApiError::Forbidden { verb: "watch", resource: "pods".into(), scope: String::new(), message: "no".into() };
+        let step = r.handle(Input::Failed { scope: pod_scope.clone(), error: forbidden });
+        assert!(step.done.is_none(), "serve goes on");
+        assert!(step.warnings.iter().any(|w| w.contains("device health will not follow")), "{:?}", step.warnings);
+        assert!(step.actions.is_empty());
+        let step = r.handle(Input::Pod(pod_at("12", Some("Unhealthy"))));
+        assert!(watches(&step).is_empty(), "{:?}", step.actions);
+    }
+
+    /// `init` never watches the pod.
+    #[test]
+    fn init_does_not_follow_the_pod() {
+        let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        let step = r.handle(Input::Pod(pod_at("3", None)));
+        assert!(!r.store.has_scope(&Scope::Pod("p".into())));
+        assert!(watches(&step).is_empty());
+    }
+
     #[test]
     fn api_errors_end_a_run_only_while_not_ready() {
         let forbidden = ApiError::Forbidden {
