@@ -102,6 +102,45 @@ fn consumed_capacity_written_through_the_status_subresource() {
     assert_eq!(gpu["consumedCapacity"], json!({"gpu.nvidia.com/memory": "20Gi"}), "{whole}");
 }
 
+/// The kubelet's device health (KEP-4680, on by default since 1.36), written
+/// through the pod's status subresource as the kubelet writes it: the real API
+/// server validates and keeps it, `serve` (with the shipped RBAC, which lets it
+/// watch its pod) follows it into `.health` live.
+#[test]
+fn device_health_written_through_the_pod_status_subresource_is_served_live() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/offline/unhealthy-gpu.yaml"));
+    sc.create_all();
+    let pod = sc.pod();
+    let mut statuses = pod["status"]["containerStatuses"].clone();
+    cp.patch_status(&pod, &json!({"containerStatuses": statuses}));
+    let stored = cp.get(&pod).unwrap();
+    let kept = &stored["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][1];
+    assert_eq!(kept["health"], "Unhealthy", "the API server dropped the health (ResourceHealthStatus off?): {stored}");
+
+    let dir = sc.path("dra");
+    let log = sc.path("serve.log");
+    let child =
+        spawn_logged(sc.in_pod_command(&["serve", "--backend", "files", "--dir", dir.to_str().unwrap()]), &log);
+    let mut serve = Serve::from_child(child, &dir);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    assert_eq!(serve.read("gpus/gpu/0/.health").as_deref(), Some("Healthy"));
+    assert_eq!(serve.read("gpus/gpu/1/.health").as_deref(), Some("Unhealthy"));
+    assert_eq!(serve.read("gpus/gpu/1/.healthMessage").as_deref(), Some("XID 79: GPU has fallen off the bus"));
+    // Healthy again, then gone from the report (the driver stopped reporting it).
+    statuses[0]["allocatedResourcesStatus"][0]["resources"][1]["health"] = json!("Healthy");
+    statuses[0]["allocatedResourcesStatus"][0]["resources"][1].as_object_mut().unwrap().remove("message");
+    cp.patch_status(&pod, &json!({"containerStatuses": statuses}));
+    serve.wait_for("gpus/gpu/1/.health", Some("Healthy"), LIMIT);
+    assert_eq!(serve.read("gpus/gpu/1/.healthMessage"), None);
+    statuses[0]["allocatedResourcesStatus"][0]["resources"].as_array_mut().unwrap().truncate(1);
+    cp.patch_status(&pod, &json!({"containerStatuses": statuses}));
+    serve.wait_for("gpus/gpu/1/.health", None, LIMIT);
+    assert_eq!(serve.read("gpus/gpu/0/.health").as_deref(), Some("Healthy"));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("will not follow"), "the shipped RBAC lets serve watch its pod: {text}");
+}
+
 /// Start `cmd` in the background with its stderr in `log` (so a test can wait on a line).
 fn spawn_logged(mut cmd: std::process::Command, log: &std::path::Path) -> std::process::Child {
     let file = std::fs::File::create(log).unwrap();
