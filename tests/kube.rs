@@ -120,8 +120,7 @@ fn device_health_written_through_the_pod_status_subresource_is_served_live() {
 
     let dir = sc.path("dra");
     let log = sc.path("serve.log");
-    let child =
-        spawn_logged(sc.in_pod_command(&["serve", "--backend", "files", "--dir", dir.to_str().unwrap()]), &log);
+    let child = spawn_logged(sc.in_pod_command(&["serve", "--backend", "files", "--dir", dir.to_str().unwrap()]), &log);
     let mut serve = Serve::from_child(child, &dir);
     serve.wait_for(".ready", Some(""), LIMIT);
     assert_eq!(serve.read("gpus/gpu/0/.health").as_deref(), Some("Healthy"));

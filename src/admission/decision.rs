@@ -31,6 +31,7 @@ pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
 pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
 pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
 pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
+pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
 
 /// The most memory the parts of one pod that drafs reads may take as
 /// `Value`s (estimated before they are built, see `estimate`). A 3 MB pod of
@@ -314,6 +315,18 @@ fn options(pod: &Value, label: &Value, image: &str) -> Result<Options, String> {
         let timeout: Duration = crate::model::names::parse_duration(text)
             .map_err(|e| format!("annotation {TIMEOUT_ANNOTATION}: {e} (e.g. 90s, 5m, 1h; 0 for no limit)"))?;
         opts.timeout = Some(timeout);
+    }
+    match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
+        None | Some("false") => {}
+        Some("true") if mode != Mode::Init => opts.ready_when_healthy = true,
+        Some("true") => {
+            return Err(format!(
+                "annotation {READY_WHEN_HEALTHY_ANNOTATION} needs a sidecar mode (an init container has no readiness)"
+            ));
+        }
+        Some(other) => {
+            return Err(format!("annotation {READY_WHEN_HEALTHY_ANNOTATION}: {other:?} is not true or false"));
+        }
     }
     Ok(opts)
 }
@@ -1033,6 +1046,10 @@ mod tests {
                 "annotation drafs.dev/metadata-from-drivers: \"Not_A_Driver\" is not a driver name",
             ),
             (json!({"annotations": {DIR_ANNOTATION: "/a/../b"}}), "clean path"),
+            (
+                json!({"annotations": {READY_WHEN_HEALTHY_ANNOTATION: "yes"}}),
+                "annotation drafs.dev/ready-when-healthy: \"yes\" is not true or false",
+            ),
         ];
         for (metadata, expected) in cases {
             let pod = pod_with(|p| {
@@ -1049,6 +1066,25 @@ mod tests {
             assert_eq!(response["response"]["status"]["message"], message);
             assert!(response["response"].get("patch").is_none());
         }
+    }
+
+    #[test]
+    fn ready_when_healthy_adds_healthy_to_the_sidecars_readiness_probe_only() {
+        let annotated = |mode: &str| {
+            let pod = pod_with(|p| {
+                p["metadata"]["labels"][INJECT_LABEL] = json!(mode);
+                p["metadata"]["annotations"] = json!({READY_WHEN_HEALTHY_ANNOTATION: "true"});
+            });
+            options_of(&pod, "drafs:test")
+        };
+        let opts = annotated("sidecar-files").unwrap();
+        assert!(opts.ready_when_healthy);
+        let pod = injected(&pod_with(|_| {}), &opts);
+        let drafs = &pod["spec"]["initContainers"][0];
+        assert_eq!(drafs["readinessProbe"]["exec"]["command"], json!(["/drafs", "probe", "--dir=/dra", "--healthy"]));
+        assert_eq!(drafs["startupProbe"]["exec"]["command"], json!(["/drafs", "probe", "--dir=/dra"]));
+        let init = annotated("init").unwrap_err();
+        assert!(init.contains("needs a sidecar mode"), "{init}");
     }
 
     #[test]

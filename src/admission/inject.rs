@@ -191,6 +191,8 @@ pub struct Options {
     pub require: Vec<RequirePath>,
     /// Passed to drafs as `--timeout` (its default otherwise); also sizes the startup probe.
     pub timeout: Option<Duration>,
+    /// The sidecar's readinessProbe also fails while a device is reported Unhealthy.
+    pub ready_when_healthy: bool,
 }
 
 impl Options {
@@ -203,6 +205,7 @@ impl Options {
             metadata_from_drivers: Vec::new(),
             require: Vec::new(),
             timeout: None,
+            ready_when_healthy: false,
         }
     }
 }
@@ -281,7 +284,11 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
     let timeout = opts.timeout.unwrap_or(DEFAULT_TIMEOUT).as_secs();
     let threshold = if timeout == 0 { 1_000_000 } else { timeout.saturating_add(10).min(1_000_000) };
     let startup = json!({"exec": probe_command, "periodSeconds": 1, "failureThreshold": threshold});
-    let readiness = json!({"exec": probe_command, "periodSeconds": 10});
+    let mut readiness = json!({"exec": probe_command, "periodSeconds": 10});
+    if opts.ready_when_healthy {
+        // Only readiness: a startup probe that failed on health would restart drafs.
+        readiness["exec"]["command"].as_array_mut().into_iter().for_each(|c| c.push(json!("--healthy")));
+    }
     // The restricted Pod Security Standard, and the image's own user (65532)
     // said explicitly, whatever the pod sets for its other containers.
     let restricted = json!({

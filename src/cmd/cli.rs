@@ -137,6 +137,10 @@ pub struct InjectArgs {
     /// Passed to drafs: how long to wait for everything asked for (its default: 5m).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// Sidecar modes: the sidecar's readinessProbe also fails while the kubelet reports a device
+    /// Unhealthy, so the pod leaves its Services' endpoints until the device is healthy again.
+    #[arg(long)]
+    pub ready_when_healthy: bool,
 }
 
 /// An image reference: not empty, no spaces or control characters.

@@ -23,6 +23,12 @@ impl Config {
         options.dir = args.dir.clone();
         options.require = args.require.clone();
         options.timeout = args.timeout;
+        if args.ready_when_healthy && args.mode == inject::Mode::Init {
+            return Err(Failure::Usage(
+                "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),
+            ));
+        }
+        options.ready_when_healthy = args.ready_when_healthy;
         if let Some(m) = &args.metadata_dir {
             inject::check_metadata_dir(m, &options.dir)
                 .map_err(|p| Failure::Usage(format!("--metadata-dir {m:?} {p}")))?;
