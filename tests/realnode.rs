@@ -564,3 +564,71 @@ fn deleting_a_pod_with_a_fuse_sidecar_leaves_no_mount_even_after_a_hard_kill() {
         );
     }
 }
+
+/// What the app reads at `path`, or "" while it is absent.
+fn read_in_app(node: &Node, ns: &str, pod: &str, path: &str) -> String {
+    node.exec(ns, pod, "app", &["sh", "-c", &format!("cat {path} 2>/dev/null || true")])
+}
+
+fn pod_ready(pod: &Value) -> Option<bool> {
+    let conditions = pod["status"]["conditions"].as_array()?;
+    conditions.iter().find(|c| c["type"] == "Ready").map(|c| c["status"] == "True")
+}
+
+/// The driver reports its GPU Unhealthy over DRAResourceHealth; the kubelet
+/// writes that into the pod's status (KEP-4680); the sidecar, which watches
+/// its pod, serves it as `.health`, and with `--ready-when-healthy` the pod
+/// leaves Ready (and its Services' endpoints) until the GPU is healthy again.
+#[test]
+fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
+    let Some(node) = node::shared() else { return };
+    let ns = "health";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    let args = ["--mode", "sidecar-files", "--require", "gpu/gpu/0/uuid", "--ready-when-healthy"];
+    node.kubectl_apply(&inject(&gpu_pod(ns, "app", "one-gpu"), &args));
+    node.wait_running(ns, "app");
+    let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_of(node, ns, "app", "gpu")]).unwrap();
+    let result = &claim["status"]["allocation"]["devices"]["results"][0];
+    let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+    let health = || read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health");
+    // Nothing reported yet: the kubelet says Unknown (the file says what the kubelet says).
+    let mut seen = String::new();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            seen = health();
+            seen == "Unknown"
+        }),
+        "before a report: {seen:?}"
+    );
+
+    let report = |state: &str, message: &str| {
+        node.set_health(GPU_DRIVER, &json!([{"pool": pool, "device": device, "health": state, "message": message}]));
+    };
+    report("Unhealthy", "XID 79 (from the test)");
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            seen = health();
+            seen == "Unhealthy"
+        }),
+        "still {seen:?}"
+    );
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.healthMessage"), "XID 79 (from the test)");
+    node.wait_pod(ns, "app", "NotReady while its GPU is Unhealthy", Duration::from_secs(60), |p| {
+        pod_ready(p) == Some(false)
+    });
+
+    report("Healthy", "");
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            seen = health();
+            seen == "Healthy"
+        }),
+        "still {seen:?}"
+    );
+    node.wait_pod(ns, "app", "Ready again", Duration::from_secs(60), |p| pod_ready(p) == Some(true));
+    // The app kept running throughout: readiness, not restarts.
+    let pod = node.get_json(&["pod", "-n", ns, "app"]).unwrap();
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0, "{}", pod["status"]);
+    assert_eq!(drafs_restarts(&pod), 0);
+}
