@@ -226,3 +226,21 @@ fn a_signal_stops_inject_waiting_for_standard_input_like_any_command() {
     assert!(stderr(&out).contains("stopped by SIGTERM"), "{}", stderr(&out));
     assert_eq!(stdout(&out), "", "nothing half written");
 }
+
+#[test]
+fn ready_when_healthy_puts_healthy_on_the_sidecars_readiness_probe_and_refuses_init() {
+    let text = read("tests/inject/deployment.yaml");
+    let out = drafs_with_stdin(
+        &["inject", "--mode", "sidecar-files", "--image", "drafs:test", "--ready-when-healthy"],
+        &text,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_docs(&stdout(&out));
+    let drafs = &docs[0]["spec"]["template"]["spec"]["initContainers"][0];
+    assert_eq!(drafs["name"], "drafs");
+    assert_eq!(drafs["readinessProbe"]["exec"]["command"], serde_json::json!(["/drafs", "probe", "--dir=/dra", "--healthy"]));
+    assert_eq!(drafs["startupProbe"]["exec"]["command"], serde_json::json!(["/drafs", "probe", "--dir=/dra"]));
+    let init = drafs_with_stdin(&["inject", "--mode", "init", "--image", "drafs:test", "--ready-when-healthy"], &text);
+    assert_eq!(init.status.code(), Some(2), "a usage error");
+    assert!(stderr(&init).contains("needs a sidecar mode"), "{}", stderr(&init));
+}
