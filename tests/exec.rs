@@ -232,3 +232,28 @@ fn a_missing_kubeconfig_is_named_once_quoted() {
     let err = stderr(&out);
     assert!(err.contains("'/nonexistent/drafs-config'") && !err.contains("'\"/nonexistent"), "{err}");
 }
+
+/// A CPU driver's consumable capacity: the number of CPUs a pod got reaches a
+/// program as an environment variable, next to the NUMA node they are on.
+#[test]
+fn the_cpus_a_shared_cpu_claim_got_reach_the_environment() {
+    let (_api, env) = example("telco", "packet-worker-2", "examples/offline/cpu-share.yaml");
+    let out = env.run(
+        &[
+            "exec",
+            "--env",
+            "CPUS=cpus/cpu/0/.consumed/dra.cpu/cpu",
+            "--env",
+            "OF=cpus/cpu/0/.capacity/dra.cpu/cpu",
+            "--env",
+            "NUMA=cpus/cpu/0/numaNodeID",
+            "--",
+            "sh",
+            "-c",
+            r#"printf '%s of %s on NUMA node %s' "$CPUS" "$OF" "$NUMA""#,
+        ],
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "8 of 64 on NUMA node 1");
+}

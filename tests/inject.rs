@@ -238,7 +238,10 @@ fn ready_when_healthy_puts_healthy_on_the_sidecars_readiness_probe_and_refuses_i
     let docs = yaml_docs(&stdout(&out));
     let drafs = &docs[0]["spec"]["template"]["spec"]["initContainers"][0];
     assert_eq!(drafs["name"], "drafs");
-    assert_eq!(drafs["readinessProbe"]["exec"]["command"], serde_json::json!(["/drafs", "probe", "--dir=/dra", "--healthy"]));
+    assert_eq!(
+        drafs["readinessProbe"]["exec"]["command"],
+        serde_json::json!(["/drafs", "probe", "--dir=/dra", "--healthy"])
+    );
     assert_eq!(drafs["startupProbe"]["exec"]["command"], serde_json::json!(["/drafs", "probe", "--dir=/dra"]));
     let init = drafs_with_stdin(&["inject", "--mode", "init", "--image", "drafs:test", "--ready-when-healthy"], &text);
     assert_eq!(init.status.code(), Some(2), "a usage error");
