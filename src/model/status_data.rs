@@ -93,7 +93,7 @@ impl Walk {
         if self.out.files.len() < MAX_FILES {
             self.out.files.push((path, content));
         } else {
-            self.too_many.get_or_insert_with(|| (path, 0)).1 += 1;
+            self.too_many.get_or_insert((path, 0)).1 += 1;
         }
     }
 

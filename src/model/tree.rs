@@ -439,6 +439,20 @@ spec:
     }
 
     #[test]
+    fn a_member_path_that_conflicts_is_a_warning_not_an_error() {
+        // Keys are unique and safe, so members cannot clash; if one ever did, the tree says so and goes on.
+        let mut res = resolved(&gpu_with_data(r#"{"uuid": "MIG-1"}"#));
+        let status = res.claims[0].devices[0].status.as_mut().unwrap();
+        status.data_members.push(("uuid/inner".into(), "x".into()));
+        let built = build(&res, &[]);
+        assert!(built.is_ready(), "{:?}", built.missing);
+        assert_eq!(built.tree.get("gpu/gpu/0/.status/data.d/uuid"), Some(&b"MIG-1"[..]));
+        assert!(!built.tree.contains("gpu/gpu/0/.status/data.d/uuid/inner"));
+        assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+        assert!(built.warnings[0].contains("data.d/uuid/inner") && built.warnings[0].contains("conflicts"));
+    }
+
+    #[test]
     fn driver_data_that_is_not_an_object_is_only_the_raw_file() {
         for data in [r#""MIG-1""#, "7", r#"["a", "b"]"#] {
             let built = build(&resolved(&gpu_with_data(data)), &[]);
