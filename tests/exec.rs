@@ -257,3 +257,33 @@ fn the_cpus_a_shared_cpu_claim_got_reach_the_environment() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "8 of 64 on NUMA node 1");
 }
+
+#[test]
+fn exec_sets_driver_data_members_from_the_api_and_a_tree() {
+    let (_api, env) = example("research", "notebook-0", "examples/offline/mig-dynamic.yaml");
+    let vars = [
+        "--env",
+        "MIG_UUID=mig/mig/0/.status/data.d/uuid",
+        "--env",
+        "MIG_GPU=mig/mig/0/.status/data.d/gpu/index",
+        "--env",
+        "ALL_MIGS=mig/mig/.status/data.d/uuid",
+    ];
+    let script = r#"printf '%s|%s|%s' "$MIG_UUID" "$MIG_GPU" "$ALL_MIGS""#;
+    let want = "MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c|0|MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c";
+    let mut args = vec!["exec"];
+    args.extend(vars);
+    args.extend(["--", "sh", "-c", script]);
+    let out = env.run(&args, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), want);
+
+    let dir = env.path("dra");
+    assert!(env.run(&["init", "--dir", dir.to_str().unwrap()], LIMIT).status.success());
+    let mut args = vec!["exec", "--from-dir", dir.to_str().unwrap()];
+    args.extend(vars);
+    args.extend(["--", "sh", "-c", script]);
+    let out = env.run(&args, LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), want);
+}

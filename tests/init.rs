@@ -890,3 +890,86 @@ fn consumed_capacity_of_shared_devices_in_the_tree_json_and_get() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells, vec!["gpu", "gpu", "0", "gpu.nvidia.com", "gpu-1", ".consumed/gpu.nvidia.com/memory", "20Gi"]);
 }
+
+/// examples/offline/mig-dynamic.yaml: the MIG device's UUID is only in the
+/// claim's `status.devices[].data`, which the driver wrote when it created it.
+const MIG_UUID: &str = "MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c";
+
+#[test]
+fn driver_data_members_of_a_dynamic_mig_device_in_the_tree_and_get() {
+    let (_api, env) = example("research", "notebook-0", "examples/offline/mig-dynamic.yaml");
+    let out = init(&env, &["--timeout", "30s", "--require", "mig/mig/0/.status/data.d/uuid"]);
+    assert_ok(&out);
+    assert!(!stderr(&out).contains("status data"), "a clean example warns of nothing: {}", stderr(&out));
+    let tree = read_tree(&env.path("dra"));
+    let members: Vec<(&str, &str)> =
+        tree.iter().filter_map(|(k, v)| Some((k.strip_prefix("mig/mig/0/.status/data.d/")?, v.as_str()))).collect();
+    assert_eq!(
+        members,
+        vec![
+            ("computeInstanceID", "0"),
+            ("deviceNodes", "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap120,/dev/nvidia-caps/nvidia-cap121"),
+            ("gpu/index", "0"),
+            ("gpu/pciBusID", "0000:4e:00.0"),
+            ("gpu/uuid", "GPU-2b1a0f9e-8d7c-4b6a-9f5e-4d3c2b1a0f9e"),
+            ("gpuInstanceID", "13"),
+            ("placement/size", "1"),
+            ("placement/start", "3"),
+            ("profile", "1g.10gb"),
+            ("uuid", MIG_UUID),
+        ]
+    );
+    assert!(!tree.contains_key("mig/mig/0/uuid"), "the placement has no uuid attribute");
+    // The raw JSON stays, and the device record has the data as the driver wrote it.
+    let raw: Value = serde_json::from_str(&tree["mig/mig/0/.status/data"]).unwrap();
+    assert_eq!(raw["gpu"]["uuid"], "GPU-2b1a0f9e-8d7c-4b6a-9f5e-4d3c2b1a0f9e");
+    let record: Value = serde_json::from_str(&tree["mig/mig/0/.json"]).unwrap();
+    assert_eq!(record["status"]["data"], raw);
+    assert_eq!(record["status"].as_object().unwrap().len(), 1, "{record}");
+
+    let out = env.run(&["get"], LIMIT);
+    assert_ok(&out);
+    let table = stdout(&out);
+    let row = table.lines().find(|l| l.contains(".status/data.d/uuid")).unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells, vec!["mig", "mig", "0", "gpu.nvidia.com", "gpu-0-mig-1g10gb-3", ".status/data.d/uuid", MIG_UUID]);
+    assert!(table.contains(".status/data.d/gpu/index"), "{table}");
+}
+
+#[test]
+fn hostile_driver_data_is_skipped_with_warnings_and_never_leaves_the_tree() {
+    let (api, env, mut claim) = nic_without_status();
+    let mut wide = serde_json::Map::new();
+    for i in 0..1100 {
+        wide.insert(format!("k{i}"), json!(i));
+    }
+    let mut deep = json!("bottom");
+    for _ in 0..20 {
+        deep = json!({ "d": deep });
+    }
+    claim["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0",
+        "data": {"../../escape": "x", "a/b": "x", ".ready": "x", "pci": "0000:3b:00.2", "vfs": [{"pci": "0000:3b:00.3"}],
+                 "wide": wide, "deep": deep}}]);
+    api.apply(claim);
+    let dir = env.path("dra");
+    let out = init(&env, &["--timeout", "20s", "--require", "net/eth/0/.status/data.d/pci"]);
+    assert_ok(&out);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["net/eth/0/.status/data.d/pci"], "0000:3b:00.2");
+    let members: Vec<&String> = tree.keys().filter(|k| k.contains("/.status/data.d/")).collect();
+    assert_eq!(members.len(), 1024, "bounded per device");
+    assert!(members.iter().all(|k| k.split('/').count() <= 5 + 8), "bounded depth: {members:?}");
+    assert!(tree.keys().all(|k| !k.contains("escape") && !k.ends_with("/b")), "{:?}", tree.keys());
+    assert!(!dir.parent().unwrap().join("escape").exists());
+    let err = stderr(&out);
+    for said in [
+        "status data key \"../../escape\" skipped",
+        "status data key \"a/b\" skipped",
+        "status data key \".ready\" skipped",
+        "status data member \"vfs\" skipped: a list holding objects",
+        "status data deeper than 8 levels skipped",
+        "status data has more than 1024 members",
+    ] {
+        assert_eq!(err.matches(said).count(), 1, "{said:?} said once:\n{err}");
+    }
+}

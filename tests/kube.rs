@@ -140,6 +140,49 @@ fn device_health_written_through_the_pod_status_subresource_is_served_live() {
     assert!(!text.contains("will not follow"), "the shipped RBAC lets serve watch its pod: {text}");
 }
 
+/// A driver writes what it learned at prepare time (a dynamic MIG device's
+/// UUID) into the claim's `status.devices[].data` through the status
+/// subresource: `init` serves its members, `serve` follows the driver
+/// rewriting them, and the standard view (no field for it) still decodes upstream.
+#[test]
+fn driver_data_written_through_the_status_subresource() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/offline/mig-dynamic.yaml"));
+    sc.create_all();
+    let claim = sc.of_kind("ResourceClaim").remove(0);
+    let stored = cp.get(&claim).unwrap();
+    let data = &stored["status"]["devices"][0]["data"];
+    assert_eq!(data["uuid"], "MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c", "{stored}");
+    let (dir, meta) = init_in_pod(&sc);
+    let tree = read_tree(&dir);
+    let d = "mig/mig/0/.status/data.d";
+    assert_eq!(tree[&format!("{d}/uuid")], "MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c", "{tree:?}");
+    assert_eq!(tree[&format!("{d}/gpu/uuid")], "GPU-2b1a0f9e-8d7c-4b6a-9f5e-4d3c2b1a0f9e");
+    assert_eq!(tree[&format!("{d}/placement/start")], "3");
+    let raw: Value = serde_json::from_str(&tree["mig/mig/0/.status/data"]).unwrap();
+    assert_eq!(&raw, data, "the raw file is what the API server stored");
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+
+    // serve in the pod follows the driver rewriting its data.
+    let live = sc.path("live");
+    let child = sc
+        .in_pod_command(&["serve", "--backend", "files", "--dir", live.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut serve = Serve::from_child(child, &live);
+    serve.wait_for(&format!("{d}/uuid"), Some("MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c"), LIMIT);
+    let mut devices = stored["status"]["devices"].clone();
+    devices[0]["data"] = json!({"uuid": "MIG-9d8c7b6a", "gpu": {"index": 0}, "vf": {"pciAddress": "0000:4e:00.4"}});
+    cp.patch_status(&claim, &json!({"devices": devices}));
+    serve.wait_for(&format!("{d}/uuid"), Some("MIG-9d8c7b6a"), LIMIT);
+    assert_eq!(serve.read(&format!("{d}/vf/pciAddress")).as_deref(), Some("0000:4e:00.4"));
+    assert_eq!(serve.read(&format!("{d}/profile")), None, "a member the driver dropped is gone");
+    assert_eq!(serve.read(&format!("{d}/gpu/uuid")), None);
+    assert_eq!(serve.read(".ready").as_deref(), Some(""));
+}
+
 /// Start `cmd` in the background with its stderr in `log` (so a test can wait on a line).
 fn spawn_logged(mut cmd: std::process::Command, log: &std::path::Path) -> std::process::Child {
     let file = std::fs::File::create(log).unwrap();

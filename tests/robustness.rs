@@ -71,6 +71,7 @@ fn mangled_objects_never_panic_or_escape() {
         "examples/offline/gpu-training.yaml",
         "examples/offline/rdma-network.yaml",
         "examples/offline/vm-passthrough.yaml",
+        "examples/offline/mig-dynamic.yaml",
     ] {
         let text = read(file);
         for round in 0..300 {

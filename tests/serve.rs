@@ -713,3 +713,67 @@ fn fuse_opens_never_fail_while_every_value_changes() {
         assert!(failures.is_empty(), "{} failed reads, e.g. {:?}", failures.len(), &failures[..failures.len().min(3)]);
     }
 }
+
+/// The driver rewrites its `status.devices[].data` while the app runs (a
+/// member changes, one is added, one removed, then a whole object and at last
+/// all data): the members under `.status/data.d/` follow, beside the raw JSON.
+fn driver_data_follows_live(backend: &str) {
+    let (api, env) = example("research", "notebook-0", "examples/offline/mig-dynamic.yaml");
+    let dir = env.path(backend);
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", backend], LIMIT);
+    let d = "mig/mig/0/.status/data.d";
+    assert_eq!(serve.read(&format!("{d}/uuid")).as_deref(), Some("MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c"));
+    assert_eq!(serve.read(&format!("{d}/gpu/index")).as_deref(), Some("0"));
+    let set_data = |data: Option<serde_json::Value>| {
+        let mut claim = api.get("ResourceClaim", "research", "notebook-0-mig-7xk2p").unwrap();
+        let device = claim["status"]["devices"][0].as_object_mut().unwrap();
+        match data {
+            Some(data) => device.insert("data".into(), data),
+            None => device.remove("data"),
+        };
+        api.apply(claim);
+    };
+
+    // Recreated elsewhere: a new UUID, a new member, profile gone.
+    set_data(Some(json!({"uuid": "MIG-0e1d2c3b", "gpu": {"index": 1, "uuid": "GPU-x"}, "mdev": {"uuid": "m-1"}})));
+    serve.wait_for(&format!("{d}/uuid"), Some("MIG-0e1d2c3b"), LIMIT);
+    // One tree is swapped in at a time: the rest of the change came with it.
+    assert_eq!(serve.read(&format!("{d}/gpu/index")).as_deref(), Some("1"));
+    assert_eq!(serve.read(&format!("{d}/mdev/uuid")).as_deref(), Some("m-1"));
+    assert_eq!(serve.read(&format!("{d}/profile")), None);
+    assert_eq!(
+        serve.read("mig/mig/0/.status/data").as_deref(),
+        Some(r#"{"uuid":"MIG-0e1d2c3b","gpu":{"index":1,"uuid":"GPU-x"},"mdev":{"uuid":"m-1"}}"#)
+    );
+    let members = |serve: &Serve| -> Vec<String> {
+        read_tree(&serve.dir).into_keys().filter_map(|k| Some(k.strip_prefix(&format!("{d}/"))?.to_string())).collect()
+    };
+    assert_eq!(members(&serve), vec!["gpu/index", "gpu/uuid", "mdev/uuid", "uuid"]);
+
+    // A whole object goes: so does its directory.
+    set_data(Some(json!({"uuid": "MIG-0e1d2c3b"})));
+    serve.wait_for(&format!("{d}/gpu/index"), None, LIMIT);
+    assert!(!serve.dir.join(d).join("gpu").exists());
+    assert_eq!(members(&serve), vec!["uuid"]);
+
+    // No data at all: neither the raw file nor the members.
+    set_data(None);
+    serve.wait_for("mig/mig/0/.status/data", None, LIMIT);
+    assert!(!serve.dir.join(d).exists());
+    assert_eq!(serve.read(".ready").as_deref(), Some(""));
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+#[test]
+fn files_backend_follows_driver_data_live() {
+    driver_data_follows_live("files");
+}
+
+#[test]
+fn fuse_follows_driver_data_live() {
+    if !require_fuse() {
+        return;
+    }
+    driver_data_follows_live("fuse");
+}

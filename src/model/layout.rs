@@ -28,3 +28,6 @@ pub const STATUS_INTERFACE_NAME: &str = ".status/interfaceName";
 pub const STATUS_IPS: &str = ".status/ips";
 pub const STATUS_HARDWARE_ADDRESS: &str = ".status/hardwareAddress";
 pub const STATUS_DATA: &str = ".status/data";
+/// The members of `.status/data` as files (an object member is a directory);
+/// beside the raw file, which stays as it was.
+pub const STATUS_DATA_DIR: &str = ".status/data.d";

@@ -270,4 +270,22 @@ spec:
             assert_eq!(keys, vec!["driver", "pool", "name", "attributes"], "{line}");
         }
     }
+
+    #[test]
+    fn driver_data_members_stay_out_of_the_standard_view() {
+        // The schema has no field for a driver's status data: the view is the same with or without it.
+        let with_data = TEXT.replace(
+            "device: g0}]}}}",
+            r#"device: g0}]}}, devices: [{driver: gpu.example.com, pool: n, device: g0, data: {"uuid": "MIG-1", "gpu": {"index": 0}}}]}"#,
+        );
+        assert_ne!(with_data, TEXT);
+        let res = resolved(&with_data);
+        let status = res.claims[0].devices[0].status.as_ref().expect("the fixture has device status");
+        assert_eq!(status.data_members.len(), 2, "{:?}", status.data_members);
+        let (mut warnings, mut plain_warnings) = (vec![], vec![]);
+        let view = build(&res, &mut Generations::default(), &mut warnings);
+        let plain = build(&example(), &mut Generations::default(), &mut plain_warnings);
+        assert!(warnings.is_empty() && plain_warnings.is_empty(), "{warnings:?} {plain_warnings:?}");
+        assert_eq!(view, plain);
+    }
 }

@@ -3,7 +3,7 @@
 //!
 //! Owns: decoding the API's objects (`objects`, `slices`), resolving a pod's
 //! claims to devices (`resolve`), laying them out as a tree of files (`tree`,
-//! `layout`, `names`), the standard KEP-5304 view (`metadata`), the values of
+//! `layout`, `names`; a driver's status data as files: `status_data`), the standard KEP-5304 view (`metadata`), the values of
 //! `drafs exec`'s variables (`envvars`), and the small vocabulary the layers
 //! above share: which pod ([`PodRef`]), what a run publishes
 //! (`publication`) and how long to wait before trying again (`backoff`).
@@ -20,6 +20,7 @@ pub mod objects;
 pub mod publication;
 pub mod resolve;
 pub mod slices;
+pub mod status_data;
 pub mod tree;
 
 /// Which pod to read.

@@ -29,6 +29,16 @@ pub fn is_c_identifier(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// A member key of a driver's `status.devices[].data` that may become a file
+/// name under `.status/data.d/`: 1 to 64 of `A-Z a-z 0-9 _ . -`, not starting
+/// with `.` (drafs's own names, `..`) or `-` (read as a flag by shell tools).
+pub fn is_data_key(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphanumeric() || b == b'_')
+        && s.len() <= 64
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 /// A fully qualified attribute or capacity name: `domain/name`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QualifiedName {
@@ -152,6 +162,41 @@ mod tests {
         assert_eq!(q.to_string(), "gpu.nvidia.com/uuid");
         let q = QualifiedName::parse("resource.kubernetes.io/pciBusID", "gpu.nvidia.com").unwrap();
         assert_eq!((q.domain.as_str(), q.name.as_str()), ("resource.kubernetes.io", "pciBusID"));
+    }
+
+    #[test]
+    fn data_keys() {
+        for good in ["uuid", "mig", "pciAddress", "parent_uuid", "1g.10gb", "_x", "a-b", "gpu0", "v1.2-rc.3", "a.."] {
+            assert!(is_data_key(good), "{good:?} refused");
+        }
+        assert!(is_data_key(&"a".repeat(64)));
+        for hostile in [
+            "",
+            "../x",
+            "..",
+            ".",
+            "a/b",
+            "/abs",
+            ".ready",
+            ".json",
+            "-rf",
+            "a b",
+            "a\0b",
+            "\0",
+            "tab\t",
+            "new\nline",
+            "ü",
+            "uuid\u{200b}",
+            "ｕｕｉｄ",
+            "a:b",
+            "a\\b",
+            "*",
+            "$HOME",
+        ] {
+            assert!(!is_data_key(hostile), "{hostile:?} accepted");
+        }
+        assert!(!is_data_key(&"a".repeat(65)), "65 characters");
+        assert!(!is_data_key(&"é".repeat(10)), "multi-byte characters");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
+use crate::model::status_data;
 
 /// Which pod claims to resolve; empty means all of them.
 #[derive(Debug, Clone, Default)]
@@ -108,6 +109,10 @@ pub struct DeviceStatus {
     pub hardware_address: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
+    /// The members of `data` as files under `.status/data.d/` (path, content);
+    /// not in `.json`, which has `data` itself.
+    #[serde(skip)]
+    pub data_members: Vec<(String, String)>,
 }
 
 /// One allocated device with everything known about it.
@@ -586,11 +591,15 @@ fn resolve_device(
         })
         .map(|s| {
             let net = s.network_data.as_ref();
+            let data = s.data.as_ref().map(|d| d.0.clone());
+            let members = data.as_ref().map(status_data::members).unwrap_or_default();
+            out.warnings.extend(members.warnings.into_iter().map(|w| format!("{context}: {w}")));
             DeviceStatus {
                 interface_name: net.and_then(|n| n.interface_name.clone()).filter(|s| !s.is_empty()),
                 ips: net.and_then(|n| n.ips.clone()).unwrap_or_default(),
                 hardware_address: net.and_then(|n| n.hardware_address.clone()).filter(|s| !s.is_empty()),
-                data: s.data.as_ref().map(|d| d.0.clone()),
+                data,
+                data_members: members.files,
             }
         });
     ResolvedDevice {

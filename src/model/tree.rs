@@ -181,6 +181,9 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
         if let Some(v) = &status.data {
             out.push((layout::STATUS_DATA.into(), Status, v.to_string()));
         }
+        for (member, content) in &status.data_members {
+            out.push((format!("{}/{member}", layout::STATUS_DATA_DIR), Status, content.clone()));
+        }
     }
     if let Some(health) = &device.health {
         out.push((layout::HEALTH.into(), Health, health.state.to_string()));
@@ -388,5 +391,91 @@ spec:
         assert!(record.get("consumedCapacity").is_none(), "{record}");
         let whole: Value = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
         assert_eq!(whole["claims"][0]["devices"][0]["consumedCapacity"]["gpu.example.com/memory"], "20Gi");
+    }
+
+    /// [`GPU`] with the driver's `status.devices[].data` set to `data` (JSON text).
+    fn gpu_with_data(data: &str) -> String {
+        let text = GPU.replace(
+            "device: g0}]}}}",
+            &format!("device: g0}}]}}}}, devices: [{{driver: gpu.example.com, pool: n, device: g0, data: {data}}}]}}"),
+        );
+        assert_ne!(text, GPU);
+        text
+    }
+
+    #[test]
+    fn driver_data_members_beside_the_raw_json() {
+        let data = r#"{"uuid": "MIG-5c8a2f1e", "profile": "1g.10gb", "gpu": {"index": 0, "uuid": "GPU-1"}, "ids": [3, 4], "../x": 1, "vfs": [{"a": 1}], "gone": null}"#;
+        let built = build(&resolved(&gpu_with_data(data)), &[]);
+        assert!(built.is_ready(), "{:?}", built.missing);
+        let t = &built.tree;
+        let text = |p: &str| t.get(p).map(|v| std::str::from_utf8(v).unwrap().to_string());
+        // The raw file, as before: the driver's JSON, compact, in its order.
+        assert_eq!(
+            text("gpu/gpu/0/.status/data").as_deref(),
+            Some(
+                r#"{"uuid":"MIG-5c8a2f1e","profile":"1g.10gb","gpu":{"index":0,"uuid":"GPU-1"},"ids":[3,4],"../x":1,"vfs":[{"a":1}],"gone":null}"#
+            )
+        );
+        let members: Vec<(&str, String)> = t
+            .files()
+            .filter_map(|(p, v)| {
+                Some((p.strip_prefix("gpu/gpu/0/.status/data.d/")?, String::from_utf8_lossy(v).into()))
+            })
+            .collect();
+        assert_eq!(
+            members,
+            vec![
+                ("gpu/index", "0".to_string()),
+                ("gpu/uuid", "GPU-1".into()),
+                ("ids", "3,4".into()),
+                ("profile", "1g.10gb".into()),
+                ("uuid", "MIG-5c8a2f1e".into()),
+            ]
+        );
+        assert!(!t.contains("gpu/gpu/0/x") && !t.contains("gpu/x") && !t.contains("x"), "nothing escapes");
+        let context = "claim gpu, request gpu, device 0 (gpu.example.com/n/g0)";
+        for skipped in ["status data key \"../x\" skipped", "status data member \"vfs\" skipped"] {
+            assert!(
+                built.warnings.iter().any(|w| w.starts_with(context) && w.contains(skipped)),
+                "{skipped}: {:?}",
+                built.warnings
+            );
+        }
+        assert_eq!(built.warnings.len(), 2, "no conflicts, nothing else: {:?}", built.warnings);
+        // The record keeps the raw data and only it.
+        let record: Value = serde_json::from_slice(t.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert_eq!(record["status"], json!({"data": serde_json::from_str::<Value>(data).unwrap()}));
+    }
+
+    #[test]
+    fn a_member_path_that_conflicts_is_a_warning_not_an_error() {
+        // Keys are unique and safe, so members cannot clash; if one ever did, the tree says so and goes on.
+        let mut res = resolved(&gpu_with_data(r#"{"uuid": "MIG-1"}"#));
+        let status = res.claims[0].devices[0].status.as_mut().unwrap();
+        status.data_members.push(("uuid/inner".into(), "x".into()));
+        let built = build(&res, &[]);
+        assert!(built.is_ready(), "{:?}", built.missing);
+        assert_eq!(built.tree.get("gpu/gpu/0/.status/data.d/uuid"), Some(&b"MIG-1"[..]));
+        assert!(!built.tree.contains("gpu/gpu/0/.status/data.d/uuid/inner"));
+        assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+        assert!(built.warnings[0].contains("data.d/uuid/inner") && built.warnings[0].contains("conflicts"));
+    }
+
+    #[test]
+    fn driver_data_that_is_not_an_object_is_only_the_raw_file() {
+        for data in [r#""MIG-1""#, "7", r#"["a", "b"]"#] {
+            let built = build(&resolved(&gpu_with_data(data)), &[]);
+            let raw: Value = serde_json::from_slice(built.tree.get("gpu/gpu/0/.status/data").unwrap()).unwrap();
+            assert_eq!(raw, serde_json::from_str::<Value>(data).unwrap());
+            assert!(!built.tree.contains("gpu/gpu/0/.status/data.d"), "{data}");
+            assert_eq!(built.warnings.len(), 1, "{data}: {:?}", built.warnings);
+            assert!(built.warnings[0].contains("not an object"), "{:?}", built.warnings);
+        }
+        let built = build(&resolved(GPU), &[]);
+        assert!(!built.tree.contains("gpu/gpu/0/.status"), "no status, no directory");
+        let empty = build(&resolved(&gpu_with_data("{}")), &[]);
+        assert_eq!(empty.tree.get("gpu/gpu/0/.status/data"), Some(&b"{}"[..]));
+        assert!(!empty.tree.contains("gpu/gpu/0/.status/data.d") && empty.warnings.is_empty());
     }
 }
