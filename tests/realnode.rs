@@ -579,6 +579,8 @@ fn pod_ready(pod: &Value) -> Option<bool> {
 /// writes that into the pod's status (KEP-4680); the sidecar, which watches
 /// its pod, serves it as `.health`, and with `--ready-when-healthy` the pod
 /// leaves Ready (and its Services' endpoints) until the GPU is healthy again.
+/// What the driver learned at prepare time, written into the claim's
+/// `status.devices[].data` as a driver does, reaches the app as files too.
 #[test]
 fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     let Some(node) = node::shared() else { return };
@@ -588,9 +590,35 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     let args = ["--mode", "sidecar-files", "--require", "gpu/gpu/0/uuid", "--ready-when-healthy"];
     node.kubectl_apply(&inject(&gpu_pod(ns, "app", "one-gpu"), &args));
     node.wait_running(ns, "app");
-    let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_of(node, ns, "app", "gpu")]).unwrap();
+    let claim_name = claim_of(node, ns, "app", "gpu");
+    let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_name]).unwrap();
     let result = &claim["status"]["allocation"]["devices"]["results"][0];
-    let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+    let (driver, pool, device) =
+        (result["driver"].as_str().unwrap(), result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+
+    // The driver's prepare-time data (a MIG device it created), through the status subresource.
+    let data = json!({"uuid": "MIG-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", "profile": "1g.18gb", "gpu": {"index": 0}});
+    let patch = json!({"status": {"devices": [{"driver": driver, "pool": pool, "device": device, "data": data}]}});
+    let patch = patch.to_string();
+    node.kubectl_ok(&[
+        "patch",
+        "resourceclaim",
+        "-n",
+        ns,
+        &claim_name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    let mut uuid = String::new();
+    let arrived = wait_for(Duration::from_secs(60), || {
+        uuid = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/uuid");
+        uuid == "MIG-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"
+    });
+    assert!(arrived, "the driver's data did not reach the app: {uuid:?}");
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/gpu/index"), "0");
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/profile"), "1g.18gb");
     let health = || read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health");
     // Nothing reported yet: the kubelet says Unknown (the file says what the kubelet says).
     let mut seen = String::new();
