@@ -15,7 +15,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::{Value, json};
 
-use crate::admission::decision::{self, INJECT_LABEL, Requested};
+use crate::admission::decision::{self, INJECT_LABEL, OptIn, Requested};
 use crate::admission::inject::{self, Mode};
 use crate::admission::manifests::Grant;
 use crate::publish::events::{NOT_READY, READY};
@@ -438,15 +438,18 @@ pub fn pod_injection(
             details,
         );
     }
+    // Opted out whether or not an entry sends the pod (in an opted-in namespace none does).
+    let opted_out = decision::requested(label.map(String::as_str), OptIn::Pod) == Requested::OptedOut;
+    let opted_out_message =
+        || format!("not injected: the pod opted out with label {INJECT_LABEL}={}", decision::DISABLED);
     let (status, message) = match &outcome {
         _ if !has_claims => (
             Status::Fail,
             "not injected: the pod uses no resource claims (spec.resourceClaims), drafs is only added to pods that do"
                 .to_string(),
         ),
-        Injection::Sent { requested: Requested::OptedOut, .. } => {
-            (Status::Fail, format!("not injected: the pod opted out with label {INJECT_LABEL}={}", decision::DISABLED))
-        }
+        _ if opted_out => (Status::Fail, opted_out_message()),
+        Injection::Sent { requested: Requested::OptedOut, .. } => (Status::Fail, opted_out_message()),
         Injection::Sent { requested: Requested::Mode(Err(message)), .. } => {
             (Status::Fail, format!("not injected: {message} (the webhook denies such a pod)"))
         }
@@ -928,6 +931,9 @@ mod tests {
             (c.status, c.message.as_str()),
             (Status::Fail, "not injected: the pod opted out with label drafs.dev/inject=disabled")
         );
+        let opted = namespace_labels("ml", Some(&labels(&[(INJECT_LABEL, "enabled")])));
+        let c = pod_injection(&configs, &opted, &pod(json!({INJECT_LABEL: "disabled"}), true, None), None);
+        assert_eq!(c.message, "not injected: the pod opted out with label drafs.dev/inject=disabled");
         let c = check(&pod(json!({}), false, None));
         assert!(c.message.contains("uses no resource claims"), "{}", c.message);
         let c = check(&pod(json!({}), true, None));
