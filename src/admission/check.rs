@@ -573,6 +573,10 @@ pub struct Probe {
     pub served: Option<Result<Vec<CertificateDer<'static>>, String>>,
 }
 
+fn days(n: i64) -> String {
+    if n == 1 { "1 day".into() } else { format!("{n} days") }
+}
+
 fn date(seconds: i64) -> String {
     jiff::Timestamp::from_second(seconds).map(|t| t.to_string()).unwrap_or_else(|_| seconds.to_string())
 }
@@ -614,8 +618,10 @@ pub fn webhook(probe: &Probe, now: i64, warn_days: i64) -> Check {
         if not_after < now {
             problems.push((Status::Fail, format!("the CA in caBundle expired at {}", date(not_after))));
         } else if left < warn_days {
-            problems
-                .push((Status::Warn, format!("the CA in caBundle expires at {} ({left} days left)", date(not_after))));
+            problems.push((
+                Status::Warn,
+                format!("the CA in caBundle expires at {} ({} left)", date(not_after), days(left)),
+            ));
         }
     }
     match &probe.served {
@@ -648,10 +654,10 @@ pub fn webhook(probe: &Probe, now: i64, warn_days: i64) -> Check {
                 } else if left < warn_days {
                     problems.push((
                         Status::Warn,
-                        format!("the served certificate expires at {} ({left} days left, under {warn_days})", date(a)),
+                        format!("the served certificate expires at {} ({} left, under {warn_days})", date(a), days(left)),
                     ));
                 } else {
-                    facts.push(format!("expires at {} ({left} days left)", date(a)));
+                    facts.push(format!("expires at {} ({} left)", date(a), days(left)));
                 }
             }
         }
@@ -1022,6 +1028,35 @@ mod tests {
         let c = pod_status(&pod(json!({}), true, Some(init.clone())), &[]);
         assert_eq!(c.status, Status::Warn);
         assert_eq!(pod_status(&pod(json!({}), true, None), &[]).status, Status::Skip);
+    }
+
+    #[test]
+    fn a_webhook_unreachable_or_without_a_ca_fails_and_a_service_says_how_to_check_its_certificate() {
+        let probe = |reach: Reach, ca: &[u8]| Probe {
+            entry: "pods.drafs.dev".into(),
+            endpoint: "service drafs-system/drafs-webhook:443/mutate".into(),
+            server_name: "drafs-webhook.drafs-system.svc".into(),
+            ca_bundle: ca.to_vec(),
+            reach,
+            served: None,
+        };
+        let through = "through the API server's service proxy".to_string();
+        let c = webhook(
+            &probe(Reach::Failed { error: "HTTP 503: no endpoints".into(), through: through.clone() }, b""),
+            0,
+            14,
+        );
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.message.contains("unreachable (through the API server's service proxy): HTTP 503: no endpoints"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("caBundle is empty"), "{}", c.message);
+        assert_eq!(c.details["reachable"], false);
+        let c = webhook(&probe(Reach::Answered { status: 200, through }, b"not a PEM"), 0, 14);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.message.contains("give --webhook-address"), "{}", c.message);
     }
 
     #[test]
