@@ -246,3 +246,74 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
     let out = check(&cp, &["-n", "ml", "--webhook-address", "nowhere"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// A key of a Secret in drafs-system, decoded.
+fn secret_data(cp: &ControlPlane, name: &str, key: &str) -> Vec<u8> {
+    let secret = cp
+        .get(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "drafs-system"}}))
+        .unwrap_or_else(|| panic!("no Secret {name}"));
+    serde_json::from_value::<k8s_openapi::ByteString>(secret["data"][key].clone()).unwrap().0
+}
+
+#[test]
+fn check_reads_the_mode_of_the_charts_webhook_and_reaches_its_service_through_a_forwarded_address() {
+    let Some(cp) = controlplane::private() else { return };
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let out = helm::run(
+        &cp,
+        &[
+            "install",
+            "drafs",
+            "deploy/helm/drafs",
+            "--namespace",
+            "drafs-system",
+            "--set",
+            "namespaceMode=sidecar-files",
+        ],
+    );
+    assert!(out.status.success(), "helm install: {}", stderr(&out));
+    namespace(&cp, "opted", json!({"drafs.dev/inject": "enabled"}));
+    apply_rbac(&cp, "opted", &["--events"]);
+
+    // The mode comes from the chart's Deployment; the Service has no
+    // endpoints here (no kubelet): the API server's proxy does not answer.
+    let (code, report) = check_json(&cp, &["-n", "opted", "--expiry-warning-days", "0", "--timeout", "2s"]);
+    assert_eq!(code, 1, "{report:#}");
+    let injection = named(&report, "injection");
+    assert!(injection["message"].as_str().unwrap().starts_with("injected, mode sidecar-files:"), "{injection:#}");
+    assert_eq!(injection["details"]["namespaceModeKnown"], true);
+    let webhook = named(&report, "webhook");
+    assert_eq!(webhook["status"], "fail", "{webhook:#}");
+    assert_eq!(webhook["details"]["reachable"], false, "{webhook:#}");
+    assert_eq!(webhook["details"]["endpoint"], "service drafs-system/drafs-webhook:443/mutate");
+    assert!(webhook["message"].as_str().unwrap().contains("through the API server's service proxy"), "{webhook:#}");
+    // Both entries name the same Service: one probe, reported for each.
+    let webhooks: Vec<&Value> =
+        report["checks"].as_array().unwrap().iter().filter(|c| c["name"] == "webhook").collect();
+    assert_eq!(webhooks.len(), 2);
+    assert_eq!(webhooks[1]["details"]["endpoint"], "service drafs-system/drafs-webhook:443/mutate/namespace");
+
+    // What `kubectl port-forward svc/drafs-webhook` gives: the webhook with the
+    // chart's certificate on a local address. The certificate is checked for
+    // the Service's name against the chart's caBundle.
+    let hook = WebhookProcess::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    for key in ["tls.crt", "tls.key"] {
+        std::fs::write(dir.path().join(key), secret_data(&cp, "drafs-webhook-tls", key)).unwrap();
+    }
+    hook.rotate("..chart", &dir.path().join("tls.crt"), &dir.path().join("tls.key"));
+    let address = hook.addr.to_string();
+    let last = std::cell::RefCell::new(Value::Null);
+    let passed = wait_for(Duration::from_secs(30), || {
+        let (code, report) =
+            check_json(&cp, &["-n", "opted", "--webhook-address", &address, "--expiry-warning-days", "0"]);
+        *last.borrow_mut() = report;
+        code == 0
+    });
+    let report = last.into_inner();
+    assert!(passed, "{report:#}");
+    let webhook = named(&report, "webhook");
+    assert_eq!(webhook["details"]["serverName"], "drafs-webhook.drafs-system.svc");
+    assert_eq!(webhook["details"]["certificate"]["verified"], true, "{webhook:#}");
+    assert!(webhook["details"]["certificate"]["daysLeft"].as_i64().unwrap() > 300, "{webhook:#}");
+}

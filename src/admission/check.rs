@@ -559,7 +559,7 @@ pub enum Reach {
 }
 
 /// What was measured of one webhook entry's endpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Probe {
     pub entry: String,
     /// The URL, or `service NS/NAME:PORT/PATH`.

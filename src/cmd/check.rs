@@ -164,9 +164,21 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     checks.push(check::rbac(namespace, &account, answers));
     // The webhook, per entry.
     let now = i64::try_from(UnixTime::now().as_secs()).unwrap_or(i64::MAX);
+    // Entries that share an endpoint (both of drafs's do) share one probe.
+    let mut probed: Vec<(EndpointKey, Probe)> = Vec::new();
     for (_, entry) in &entries {
-        let probe = probe(client, c, entry).await;
+        let key = endpoint_key(&entry.client_config);
+        let probe = match probed.iter().find(|(k, _)| *k == key) {
+            Some((_, earlier)) => Probe {
+                entry: entry.name.clone(),
+                endpoint: endpoint_of(entry),
+                ca_bundle: entry.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                ..earlier.clone()
+            },
+            None => probe(client, c, entry).await,
+        };
         checks.push(check::webhook(&probe, now, c.warn_days));
+        probed.push((key, probe));
     }
     // The pod's drafs container.
     if let Some(pod) = &pod_value {
@@ -276,6 +288,32 @@ fn split_host_port(text: &str, default: Option<u16>) -> Option<(String, u16)> {
     (!host.is_empty() && !host.contains(['/', ' '])).then(|| (host.to_string(), port))
 }
 
+/// What makes two entries' probes the same: the Service or the URL's
+/// scheme and authority (not the path: /healthz is asked either way).
+type EndpointKey = (Option<(String, String, i32)>, String);
+
+fn endpoint_key(config: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig) -> EndpointKey {
+    let service = config.service.as_ref().map(|s| (s.namespace.clone(), s.name.clone(), s.port.unwrap_or(443)));
+    let url = config.url.as_deref().unwrap_or_default();
+    let authority =
+        url.parse::<http::Uri>().ok().and_then(|u| u.authority().map(|a| a.to_string())).unwrap_or_default();
+    (service, authority)
+}
+
+/// How an entry's endpoint is shown: its URL, or `service NS/NAME:PORT/PATH`.
+fn endpoint_of(entry: &MutatingWebhook) -> String {
+    match &entry.client_config.service {
+        Some(s) => format!(
+            "service {}/{}:{}{}",
+            s.namespace,
+            s.name,
+            s.port.unwrap_or(443),
+            s.path.clone().unwrap_or_default()
+        ),
+        None => entry.client_config.url.clone().unwrap_or_default(),
+    }
+}
+
 /// What the entry's endpoint answers: directly for a URL (or a Service with
 /// --webhook-address), else through the API server's service proxy.
 async fn probe(client: &Client, c: &Config, entry: &MutatingWebhook) -> Probe {
@@ -283,8 +321,7 @@ async fn probe(client: &Client, c: &Config, entry: &MutatingWebhook) -> Probe {
     let ca_bundle = config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default();
     if let Some(service) = &config.service {
         let port = service.port.unwrap_or(443);
-        let path = service.path.clone().unwrap_or_default();
-        let endpoint = format!("service {}/{}:{port}{path}", service.namespace, service.name);
+        let endpoint = endpoint_of(entry);
         let server_name = format!("{}.{}.svc", service.name, service.namespace);
         if let Some(address) = &c.webhook_address {
             let (host, port) = split_host_port(address, None).unwrap_or_default();
