@@ -240,6 +240,14 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
     assert_eq!(named(&report, "configuration")["status"], "fail");
     assert_eq!(out.status.code(), Some(1));
 
+    // What is not there is said, as a failed check.
+    let (code, report) = check_json(&cp, &["-n", "nowhere"]);
+    assert_eq!(code, 1);
+    assert_eq!(named(&report, "injection")["message"], "namespace nowhere does not exist");
+    let (code, report) = check_json(&cp, &["-n", "ml", "gone"]);
+    assert_eq!(code, 1);
+    assert_eq!(named(&report, "injection")["message"], "pod ml/gone does not exist");
+
     // Bad flags are usage errors.
     let out = check(&cp, &["-n", "Not_A_Namespace"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

@@ -276,8 +276,12 @@ pub fn injection(
     pod_labels: &BTreeMap<String, String>,
     namespace_mode: Mode,
 ) -> Injection {
+    let entries = drafs_entries(configurations);
+    if entries.is_empty() {
+        return Injection::NotSent { reasons: vec!["no webhook configuration has drafs's entries".into()] };
+    }
     let mut reasons = Vec::new();
-    for (configuration, entry) in drafs_entries(configurations) {
+    for (configuration, entry) in entries {
         if !covers_pod_create(entry) {
             reasons.push(format!("{}: its rules do not cover creating pods", entry.name));
             continue;
@@ -913,6 +917,8 @@ mod tests {
         assert_eq!(check.status, Status::Fail);
         assert!(check.message.contains("kubernetes.io/metadata.name NotIn [drafs-system, kube-system] (it is kubernetes.io/metadata.name=kube-system)"), "{}", check.message);
         assert_eq!(configuration(&[]).status, Status::Fail);
+        let none = namespace_injection(&[], "ml", &opted, None);
+        assert_eq!(none.message, "no pod of namespace ml gets drafs: no webhook configuration has drafs's entries");
         assert_eq!(configuration(&configs).message, "webhook entries drafs/pods.drafs.dev, drafs/namespaces.drafs.dev");
     }
 

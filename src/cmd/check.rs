@@ -136,6 +136,8 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     };
     let pod_value = match (&pod, &c.pod) {
         (Some(Ok(Some(p))), _) => Some(p.clone()),
+        // No namespace, no pod: said once, below.
+        (Some(Ok(None)), Some(_)) if labels.is_err() => None,
         (Some(Ok(None)), Some(name)) => {
             checks.push(failed("injection", format!("pod {namespace}/{name} does not exist")));
             None
