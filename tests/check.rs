@@ -229,7 +229,10 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
 
     // Someone who may not create SubjectAccessReviews is told so, not told the RBAC is missing.
     let kubeconfig = other.path().join("kubeconfig");
-    cp.kubeconfig(&kubeconfig, &cp.token("ml", "drafs", None), "ml");
+    cp.ensure(
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone", "namespace": "ml"}}),
+    );
+    cp.kubeconfig(&kubeconfig, &cp.token("ml", "someone", None), "ml");
     let out = check_as(&cp, &kubeconfig, &["-o", "json", "-n", "ml"]);
     let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let rbac = named(&report, "rbac");
@@ -239,6 +242,13 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
     // Nor may it list webhook configurations: a failed check, not a crash.
     assert_eq!(named(&report, "configuration")["status"], "fail");
     assert_eq!(out.status.code(), Some(1));
+    // drafs's own account (check run in its pod) asks about itself instead, which anyone may.
+    cp.kubeconfig(&kubeconfig, &cp.token("ml", "drafs", None), "ml");
+    let out = check_as(&cp, &kubeconfig, &["-o", "json", "-n", "ml"]);
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rbac = named(&report, "rbac");
+    assert_eq!(rbac["status"], "ok", "{rbac:#}");
+    assert_eq!(rbac["details"]["known"], true);
 
     // What is not there is said, as a failed check.
     let (code, report) = check_json(&cp, &["-n", "nowhere"]);

@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -237,42 +241,71 @@ async fn namespace_mode(client: &Client, limit: Duration, entries: &[(String, &M
 }
 
 /// Whether `account` may do what drafs needs, one SubjectAccessReview per
-/// permission; `Err` when the caller may not ask.
+/// permission; `Err` when the caller may not ask. A caller who may not
+/// create SubjectAccessReviews but is that very account (`drafs check` in
+/// the pod) asks SelfSubjectAccessReviews instead, which everyone may.
 async fn access(
     client: &Client,
     limit: Duration,
     namespace: &str,
     account: &str,
 ) -> Result<Vec<(Grant, bool)>, String> {
+    let user = format!("system:serviceaccount:{namespace}:{account}");
+    let grants = manifests::grants(namespace, account);
+    let attributes = |grant: &Grant| ResourceAttributes {
+        namespace: grant.namespace.clone(),
+        verb: Some(grant.verb.clone()),
+        group: Some(grant.group.clone()),
+        resource: Some(grant.resource.clone()),
+        ..Default::default()
+    };
     let api = Api::<SubjectAccessReview>::all(client.clone());
     let mut answers = Vec::new();
-    for grant in manifests::grants(namespace, account) {
+    let mut forbidden = None;
+    for grant in &grants {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
-                user: Some(format!("system:serviceaccount:{namespace}:{account}")),
+                user: Some(user.clone()),
                 groups: Some(vec![
                     "system:serviceaccounts".into(),
                     format!("system:serviceaccounts:{namespace}"),
                     "system:authenticated".into(),
                 ]),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: grant.namespace.clone(),
-                    verb: Some(grant.verb.clone()),
-                    group: Some(grant.group.clone()),
-                    resource: Some(grant.resource.clone()),
-                    ..Default::default()
-                }),
+                resource_attributes: Some(attributes(grant)),
                 ..Default::default()
             },
             ..Default::default()
         };
-        let answer = within(limit, api.create(&PostParams::default(), &review)).await.map_err(|e| {
-            if e.starts_with("HTTP 403") {
-                format!("you may not create subjectaccessreviews ({e})")
-            } else {
-                format!("a SubjectAccessReview failed: {e}")
+        match within(limit, api.create(&PostParams::default(), &review)).await {
+            Ok(answer) => answers.push((grant.clone(), answer.status.is_some_and(|s| s.allowed))),
+            Err(e) if e.starts_with("HTTP 403") => {
+                forbidden = Some(e);
+                break;
             }
-        })?;
+            Err(e) => return Err(format!("a SubjectAccessReview failed: {e}")),
+        }
+    }
+    let Some(forbidden) = forbidden else { return Ok(answers) };
+    let me = within(
+        limit,
+        Api::<SelfSubjectReview>::all(client.clone()).create(&PostParams::default(), &SelfSubjectReview::default()),
+    )
+    .await
+    .ok()
+    .and_then(|r| r.status?.user_info?.username);
+    if me.as_deref() != Some(user.as_str()) {
+        return Err(format!("you may not create subjectaccessreviews ({forbidden})"));
+    }
+    let api = Api::<SelfSubjectAccessReview>::all(client.clone());
+    let mut answers = Vec::new();
+    for grant in grants {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec { resource_attributes: Some(attributes(&grant)), ..Default::default() },
+            ..Default::default()
+        };
+        let answer = within(limit, api.create(&PostParams::default(), &review))
+            .await
+            .map_err(|e| format!("a SelfSubjectAccessReview failed: {e}"))?;
         answers.push((grant, answer.status.is_some_and(|s| s.allowed)));
     }
     Ok(answers)
