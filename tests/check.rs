@@ -18,10 +18,10 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// `drafs check ARGS` as the cluster admin, from the admin kubeconfig.
 fn check(cp: &ControlPlane, args: &[&str]) -> Output {
-    check_as(cp, &cp.dir().join("admin.kubeconfig"), args)
+    check_as(&cp.dir().join("admin.kubeconfig"), args)
 }
 
-fn check_as(cp: &ControlPlane, kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+fn check_as(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
     let home = tempfile::tempdir().unwrap();
     let child = std::process::Command::new(drafs_bin())
         .arg("check")
@@ -35,7 +35,6 @@ fn check_as(cp: &ControlPlane, kubeconfig: &std::path::Path, args: &[&str]) -> O
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let _ = cp;
     wait_output(child, LIMIT)
 }
 
@@ -233,7 +232,7 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
         &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone", "namespace": "ml"}}),
     );
     cp.kubeconfig(&kubeconfig, &cp.token("ml", "someone", None), "ml");
-    let out = check_as(&cp, &kubeconfig, &["-o", "json", "-n", "ml"]);
+    let out = check_as(&kubeconfig, &["-o", "json", "-n", "ml"]);
     let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let rbac = named(&report, "rbac");
     assert_eq!(rbac["status"], "warn", "{rbac:#}");
@@ -244,7 +243,7 @@ fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
     assert_eq!(out.status.code(), Some(1));
     // drafs's own account (check run in its pod) asks about itself instead, which anyone may.
     cp.kubeconfig(&kubeconfig, &cp.token("ml", "drafs", None), "ml");
-    let out = check_as(&cp, &kubeconfig, &["-o", "json", "-n", "ml"]);
+    let out = check_as(&kubeconfig, &["-o", "json", "-n", "ml"]);
     let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let rbac = named(&report, "rbac");
     assert_eq!(rbac["status"], "ok", "{rbac:#}");
