@@ -27,7 +27,7 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) => "warn",
+        Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) | Command::Check(_) => "warn",
         _ => "info",
     };
     let log_format = cli.global.log_format;

@@ -348,3 +348,89 @@ fn namespace_and_pod_labels_choose_who_gets_drafs() {
         assert_eq!(reviewed() - before, *reviews, "reviews for namespace {ns}, labels {labels}, claims {claims}");
     }
 }
+
+/// The image the chart's Deployment gives the webhook to inject (`DRAFS_IMAGE`).
+fn injected_image(deployment: &Value) -> String {
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+    env.iter().find(|e| e["name"] == "DRAFS_IMAGE").unwrap()["value"].as_str().unwrap().to_string()
+}
+
+/// The values that point the chart at a `drafs webhook` of the test's (by
+/// URL, trusting its CA) with this image tag.
+fn values_for(hook: &webhook::WebhookProcess, tag: &str) -> Vec<String> {
+    let ca = serde_json::to_value(k8s_openapi::ByteString(std::fs::read(hook.ca()).unwrap())).unwrap();
+    [
+        format!("webhookURL=https://{}", hook.addr),
+        "certificate.source=secret".into(),
+        "certificate.secretName=unused".into(),
+        format!("certificate.caBundle={}", ca.as_str().unwrap()),
+        "image.repository=registry.example/drafs".into(),
+        format!("image.tag={tag}"),
+    ]
+    .into_iter()
+    .flat_map(|v| ["--set".to_string(), v])
+    .collect()
+}
+
+#[test]
+fn helm_upgrade_leaves_running_pods_untouched_and_new_pods_get_the_new_image() {
+    let Some(cp) = controlplane::private() else { return };
+    restricted_namespace(&cp, "drafs-system");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}));
+    for account in ["default", "drafs"] {
+        cp.ensure(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": "ml"}}),
+        );
+    }
+    let deployment = || {
+        cp.get(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "drafs-webhook", "namespace": "drafs-system"}}))
+            .expect("the webhook Deployment")
+    };
+    // The test plays the Deployment's replicas: a `drafs webhook` run with the
+    // image the chart renders into DRAFS_IMAGE, checked against the installed one.
+    let (image_a, image_b) = ("registry.example/drafs:0.1.0", "registry.example/drafs:0.2.0");
+    let hook_a = webhook::WebhookProcess::start_with_image(image_a, &[]);
+    let mut install = vec!["install".to_string(), "drafs".into(), CHART.into(), "-n".into(), "drafs-system".into()];
+    install.extend(values_for(&hook_a, "0.1.0"));
+    helm_ok(&cp, &install.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(injected_image(&deployment()), image_a);
+
+    let labelled = |name: &str| pod("ml", name, json!({"drafs.dev/inject": "init"}), true);
+    let image_of = |p: &Value| p["spec"]["initContainers"][0]["image"].as_str().map(String::from);
+    // The API server picks a new configuration up asynchronously (until
+    // then it may still call the stopped webhook: a refusal, tried again).
+    let wait_for_image = |image: &str| {
+        wait_until(&format!("the API server to inject {image}"), std::time::Duration::from_secs(30), || {
+            match cp.raw("POST", "/api/v1/namespaces/ml/pods?dryRun=All", Some(&labelled("probe")), "application/json")
+            {
+                Ok((200 | 201, text)) => image_of(&serde_json::from_str(&text).unwrap()).as_deref() == Some(image),
+                _ => false,
+            }
+        })
+    };
+    wait_for_image(image_a);
+    let before = cp.create(&labelled("before"));
+    assert_eq!(image_of(&before).as_deref(), Some(image_a), "{before:#}");
+
+    // The upgrade: a new image. The Deployment rolls (played here: a new
+    // webhook with the new image, the old one stopped).
+    let hook_b = webhook::WebhookProcess::start_with_image(image_b, &[]);
+    let mut upgrade = vec!["upgrade".to_string(), "drafs".into(), CHART.into(), "-n".into(), "drafs-system".into()];
+    upgrade.extend(values_for(&hook_b, "0.2.0"));
+    helm_ok(&cp, &upgrade.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(injected_image(&deployment()), image_b);
+    drop(hook_a);
+    wait_for_image(image_b);
+
+    // The pod admitted before the upgrade is exactly as it was: same object,
+    // never written since, drafs still on the old image.
+    let now = cp.get(&before).expect("the pod is still there");
+    assert_eq!(now["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(now["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "{now:#}");
+    assert_eq!(now["spec"], before["spec"]);
+    assert_eq!(image_of(&now).as_deref(), Some(image_a));
+    // A pod created after it gets the new image.
+    let after = cp.create(&labelled("after"));
+    assert_eq!(image_of(&after).as_deref(), Some(image_b), "{after:#}");
+}

@@ -208,14 +208,16 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
         }
         Err(e) => return Err(ReviewError::Internal(e.to_string())),
     };
-    let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).cloned();
-    let mode = match (&label, opt_in) {
-        (Some(label), _) if label.as_str() == Some(DISABLED) => return Ok(allowed()),
-        (Some(label), _) => label.clone(),
-        (None, OptIn::Namespace(mode)) => json!(mode.label()),
-        (None, OptIn::Pod) => return Ok(allowed()),
+    let label = pod
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(INJECT_LABEL))
+        .map(|l| l.as_str().unwrap_or_default().to_string());
+    let mode = match requested(label.as_deref(), opt_in) {
+        Requested::Nothing | Requested::OptedOut => return Ok(allowed()),
+        Requested::Mode(Err(message)) => return Ok(Verdict::Denied { message }),
+        Requested::Mode(Ok(mode)) => mode,
     };
-    let opts = match options(&pod, &mode, image) {
+    let opts = match options(&pod, mode, image) {
         Ok(opts) => opts,
         Err(message) => return Ok(Verdict::Denied { message }),
     };
@@ -252,22 +254,60 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
     Ok(Verdict::Patched { patch, warnings })
 }
 
+/// What a pod's `drafs.dev/inject` label and the configuration entry that
+/// sent it (the webhook's path) ask for: the opt-in and opt-out rules, for
+/// the webhook and for `drafs check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested {
+    /// No drafs: admitted unchanged (no label, sent for the label).
+    Nothing,
+    /// `drafs.dev/inject=disabled`, whatever the namespace says.
+    OptedOut,
+    /// drafs in this mode; `Err`: the label names no mode (the pod is denied, with this message).
+    Mode(Result<Mode, String>),
+}
+
+/// The pod's label wins: `disabled` opts out, any other value is the mode;
+/// a pod without it gets the namespace's mode when its namespace opted in.
+pub fn requested(label: Option<&str>, opt_in: OptIn) -> Requested {
+    match (label, opt_in) {
+        (Some(DISABLED), _) => Requested::OptedOut,
+        (Some(label), _) => Requested::Mode(parse_mode(label)),
+        (None, OptIn::Namespace(mode)) => Requested::Mode(Ok(mode)),
+        (None, OptIn::Pod) => Requested::Nothing,
+    }
+}
+
+/// The mode a `drafs.dev/inject` label names, or a message listing the valid ones.
+pub fn parse_mode(label: &str) -> Result<Mode, String> {
+    match label {
+        "init" => Ok(Mode::Init),
+        "sidecar-fuse" => Ok(Mode::SidecarFuse),
+        "sidecar-files" => Ok(Mode::SidecarFiles),
+        other => Err(format!("label {INJECT_LABEL}: {other:?} is not a drafs mode; use {MODES}")),
+    }
+}
+
+/// Which entry of the webhook configuration sent a review, by the path it
+/// posts to (`drafs webhook` answers these two; any other is a 404).
+pub fn opt_in_of_path(path: &str, namespace_mode: Mode) -> Option<OptIn> {
+    match path {
+        "/mutate" => Some(OptIn::Pod),
+        "/mutate/namespace" => Some(OptIn::Namespace(namespace_mode)),
+        _ => None,
+    }
+}
+
 /// The injection options a labelled pod asks for (as [`review`] reads them;
 /// for the fuzz target).
 #[doc(hidden)]
 pub fn options_of(pod: &Value, image: &str) -> Result<Options, String> {
     let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).ok_or("no drafs.dev/inject label")?;
-    options(pod, label, image)
+    options(pod, parse_mode(label.as_str().unwrap_or_default())?, image)
 }
 
 /// The injection options a pod asks for, or a message naming what is wrong.
-fn options(pod: &Value, label: &Value, image: &str) -> Result<Options, String> {
-    let mode = match label.as_str().unwrap_or_default() {
-        "init" => Mode::Init,
-        "sidecar-fuse" => Mode::SidecarFuse,
-        "sidecar-files" => Mode::SidecarFiles,
-        other => return Err(format!("label {INJECT_LABEL}: {other:?} is not a drafs mode; use {MODES}")),
-    };
+fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, String> {
     let annotation = |key: &str| pod.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
     let mut opts = Options::new(mode, image);
     if let Some(dir) = annotation(DIR_ANNOTATION) {

@@ -368,6 +368,19 @@ fn account_is_unchosen(spec: &Value) -> bool {
     spec.get("serviceAccountName").and_then(Value::as_str).is_none_or(|a| a.is_empty() || a == "default")
 }
 
+/// The service account drafs runs as once injected into a pod with this
+/// spec: drafs's own, or the one the pod chose.
+pub fn account_of(spec: &Value) -> String {
+    if account_is_unchosen(spec) {
+        OWN_ACCOUNT.to_string()
+    } else {
+        spec["serviceAccountName"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// The account drafs brings to a pod that chose none.
+pub const OWN_ACCOUNT: &str = "drafs";
+
 /// Remove the token the ServiceAccount admission plugin mounted into every
 /// container (a pod seen by the webhook has it): the app gets no credentials.
 fn remove_automounted_token(spec: &mut Value) {
@@ -447,10 +460,10 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     // When drafs brings the service account, only drafs gets its credentials:
     // no token is mounted into the app's containers.
     if own_account {
-        map.insert("serviceAccountName".into(), json!("drafs"));
+        map.insert("serviceAccountName".into(), json!(OWN_ACCOUNT));
         if map.contains_key("serviceAccount") {
             // The deprecated alias the API server fills in; keep the two equal.
-            map.insert("serviceAccount".into(), json!("drafs"));
+            map.insert("serviceAccount".into(), json!(OWN_ACCOUNT));
         }
         map.insert("automountServiceAccountToken".into(), json!(false));
     }

@@ -68,6 +68,64 @@ pub fn rbac(namespace: &str, service_account: &str, events: bool) -> Vec<Value> 
     docs
 }
 
+/// One permission drafs needs, as a SubjectAccessReview asks about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+    /// The namespace it is granted in; `None`: cluster-wide (a ClusterRole).
+    pub namespace: Option<String>,
+    /// Only for Events on the pod (`--events`): drafs works without it.
+    pub optional: bool,
+}
+
+impl std::fmt::Display for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let resource =
+            if self.group.is_empty() { self.resource.clone() } else { format!("{}.{}", self.resource, self.group) };
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {resource} in {ns}", self.verb),
+            None => write!(f, "{} {resource} (cluster-wide)", self.verb),
+        }
+    }
+}
+
+/// Every permission [`rbac`] grants `service_account` (with the optional
+/// events), read from the very objects it prints, so that what `drafs check`
+/// asks for cannot drift from what `drafs manifests rbac` installs.
+pub fn grants(namespace: &str, service_account: &str) -> Vec<Grant> {
+    let (_, events_role, _) = names(namespace, service_account);
+    let mut out = Vec::new();
+    for doc in rbac(namespace, service_account, true) {
+        let namespaced = match doc["kind"].as_str() {
+            Some("Role") => Some(namespace.to_string()),
+            Some("ClusterRole") => None,
+            _ => continue,
+        };
+        let optional = doc["metadata"]["name"] == events_role.as_str();
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let list = |key: &str| -> Vec<String> {
+                rule[key].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
+            };
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    for verb in list("verbs") {
+                        out.push(Grant {
+                            group: group.clone(),
+                            resource: resource.clone(),
+                            verb,
+                            namespace: namespaced.clone(),
+                            optional,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The documents as one multi-document YAML text.
 pub fn to_yaml(docs: &[Value]) -> Result<String, serde_saphyr::ser::Error> {
     let mut out = String::new();
@@ -104,6 +162,25 @@ mod tests {
         let text = to_yaml(&rbac("ml", "drafs", false)).unwrap();
         let parsed: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
         assert_eq!(parsed, rbac("ml", "drafs", false));
+    }
+
+    #[test]
+    fn grants_are_the_rules_printed() {
+        let shown: Vec<String> = grants("ml", "trainer")
+            .iter()
+            .map(|g| format!("{g}{}", if g.optional { " (optional)" } else { "" }))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "get pods in ml",
+                "list resourceclaims.resource.k8s.io in ml",
+                "watch resourceclaims.resource.k8s.io in ml",
+                "list resourceslices.resource.k8s.io (cluster-wide)",
+                "watch resourceslices.resource.k8s.io (cluster-wide)",
+                "create events in ml (optional)",
+            ]
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ fn check_chain(chain: &[CertificateDer], names: &[ServerName], now: SystemTime) 
 
 /// The validity period (notBefore, notAfter) of a DER X.509 certificate, in
 /// Unix seconds (RFC 5280 4.1: the fifth field of the TBSCertificate).
-fn validity(der: &[u8]) -> Option<(i64, i64)> {
+pub(crate) fn validity(der: &[u8]) -> Option<(i64, i64)> {
     let (certificate, _) = der_take(der, 0x30)?;
     let (tbs, _) = der_take(certificate, 0x30)?;
     let mut fields = tbs;

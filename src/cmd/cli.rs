@@ -73,6 +73,54 @@ pub enum Command {
     Get(GetArgs),
     /// Serve the mutating admission webhook that injects drafs into pods labelled drafs.dev/inject.
     Webhook(WebhookArgs),
+    /// Will drafs work for a namespace or a pod, and if not, why (exit 0: yes, 1: a check failed, 2: usage).
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The pod to check (injected? its service account's RBAC? what drafs reported?); without it, the namespace.
+    #[arg(value_name = "POD", value_parser = parse_name)]
+    pub pod: Option<String>,
+    /// The namespace. Default: the kubeconfig context's (in a pod: the service account's).
+    #[arg(long, short = 'n', env = "DRAFS_CHECK_NAMESPACE", value_parser = parse_namespace)]
+    pub namespace: Option<String>,
+    /// The service account whose RBAC to check. Default: the one drafs runs as in the pod (drafs
+    /// for a pod that chose none), drafs for a namespace.
+    #[arg(long, env = "DRAFS_CHECK_SERVICE_ACCOUNT", value_parser = parse_name)]
+    pub service_account: Option<String>,
+    /// HOST:PORT to reach the webhook at for its TLS handshake (a Service is not reachable from outside
+    /// the cluster: `kubectl port-forward -n drafs-system svc/drafs-webhook 8443:443`, then 127.0.0.1:8443).
+    #[arg(long, env = "DRAFS_CHECK_WEBHOOK_ADDRESS", value_name = "HOST:PORT")]
+    pub webhook_address: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = CheckOutput::Text)]
+    pub output: CheckOutput,
+    /// Warn when a certificate (the webhook's, its CA) expires within this many days.
+    #[arg(long, env = "DRAFS_CHECK_EXPIRY_WARNING_DAYS", default_value_t = crate::admission::check::EXPIRY_WARNING_DAYS as u32,
+          value_parser = clap::value_parser!(u32).range(0..=3650), value_name = "DAYS")]
+    pub expiry_warning_days: u32,
+    /// How long each request may take.
+    #[arg(long, env = "DRAFS_CHECK_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckOutput {
+    /// One line per check and a verdict.
+    Text,
+    /// One JSON object (docs/operations.md describes its shape).
+    Json,
+}
+
+/// A pod or service account name: a DNS subdomain (lowercase letters, digits, '-' and '.').
+fn parse_name(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty() && text.len() <= 253 && text.split('.').all(is_dns_label);
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a valid name (lowercase letters, digits, '-' and '.')"))
+    }
 }
 
 #[derive(Debug, Args)]

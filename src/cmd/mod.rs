@@ -24,6 +24,7 @@ use crate::publish::files::AtomicDir;
 use crate::publish::metrics::{self, Metrics};
 use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
 
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod copy_self;
@@ -73,6 +74,7 @@ pub enum Config {
     Inject(inject::Config),
     Manifests(manifests::Config),
     Webhook(crate::admission::webhook::Config),
+    Check(check::Config),
 }
 
 impl Config {
@@ -90,6 +92,7 @@ impl Config {
             Command::Inject(args) => Config::Inject(inject::Config::from_args(args)?),
             Command::Manifests(ManifestsCommand::Rbac(args)) => Config::Manifests(manifests::Config::from_args(args)),
             Command::Webhook(args) => Config::Webhook(webhook::config(args)),
+            Command::Check(args) => Config::Check(check::Config::from_args(args)?),
         })
     }
 
@@ -115,6 +118,7 @@ pub async fn run(config: Config, stop: Stop) -> Result<(), Failure> {
         Config::Inject(c) => blocking(stop, move || inject::run(&c)).await,
         Config::Manifests(c) => blocking(stop, move || manifests::run(&c)).await,
         Config::Webhook(c) => webhook::run(c, stop).await,
+        Config::Check(c) => fail_on(stop, check::run(c)).await,
     }
 }
 

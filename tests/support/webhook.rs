@@ -26,6 +26,11 @@ impl WebhookProcess {
     /// Make a CA and a serving certificate for 127.0.0.1, laid out as the
     /// kubelet lays out a Secret volume, and start the webhook on a free port.
     pub fn start(extra: &[&str]) -> WebhookProcess {
+        Self::start_with_image("registry.example/drafs:test", extra)
+    }
+
+    /// [`start`](Self::start), injecting `image` (as a Deployment sets `DRAFS_IMAGE`).
+    pub fn start_with_image(image: &str, extra: &[&str]) -> WebhookProcess {
         let dir = tempfile::tempdir().unwrap();
         super::tls::ca(dir.path(), "ca").unwrap();
         super::tls::serving(dir.path(), "ca", "tls", "IP:127.0.0.1,DNS:localhost", 2).unwrap();
@@ -36,7 +41,7 @@ impl WebhookProcess {
         }
         publish_secret(&secret, "..v1", &dir.path().join("tls.crt"), &dir.path().join("tls.key"));
         let mut child = Command::new(super::drafs_bin())
-            .args(["webhook", "--addr", "127.0.0.1:0", "--image", "registry.example/drafs:test"])
+            .args(["webhook", "--addr", "127.0.0.1:0", "--image", image])
             .arg("--tls-cert")
             .arg(secret.join("tls.crt"))
             .arg("--tls-key")

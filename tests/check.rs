@@ -1,0 +1,336 @@
+//! `drafs check` against the real kube-apiserver (the kube tier), with the
+//! real webhook configured by URL on 127.0.0.1 (tests send traffic only to
+//! loopback): injection and its reasons, RBAC through SubjectAccessReviews
+//! and the fix, the webhook's certificate against caBundle, and what drafs
+//! reported on a pod (its status written through pods/status: no kubelet here).
+
+mod support;
+
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::controlplane::{self, ControlPlane};
+use support::webhook::WebhookProcess;
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// `drafs check ARGS` as the cluster admin, from the admin kubeconfig.
+fn check(cp: &ControlPlane, args: &[&str]) -> Output {
+    check_as(&cp.dir().join("admin.kubeconfig"), args)
+}
+
+fn check_as(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+    let home = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(drafs_bin())
+        .arg("check")
+        .args(args)
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_output(child, LIMIT)
+}
+
+/// `drafs check -o json ARGS`: (exit code, the report).
+fn check_json(cp: &ControlPlane, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["-o", "json"];
+    all.extend_from_slice(args);
+    let out = check(cp, &all);
+    let report: Value = serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(&out), stderr(&out)));
+    (out.status.code().unwrap_or(-1), report)
+}
+
+/// The check named `name` of a JSON report (the first, for `webhook`).
+fn named<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check in {report:#}"))
+}
+
+fn namespace(cp: &ControlPlane, name: &str, labels: Value) {
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}));
+    // No controller-manager here: the accounts pods run as, by hand.
+    for account in ["default", "drafs"] {
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": account, "namespace": name}}));
+    }
+}
+
+fn apply_rbac(cp: &ControlPlane, ns: &str, extra: &[&str]) {
+    let mut args = vec!["manifests", "rbac", "-n", ns];
+    args.extend_from_slice(extra);
+    let out = std::process::Command::new(drafs_bin()).args(&args).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    for doc in yaml_docs(&stdout(&out)) {
+        cp.ensure(&doc);
+    }
+}
+
+fn pod(ns: &str, name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            "containers": [{"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    })
+}
+
+/// Install the shipped configuration pointed at `hook`, and wait until the
+/// API server calls it (it picks a new configuration up asynchronously).
+fn install_webhook(cp: &ControlPlane, hook: &WebhookProcess, probe_ns: &str) {
+    cp.create(&support::webhook::configuration_by_url(&format!("https://{}/mutate", hook.addr), &hook.ca()));
+    let probe = pod(probe_ns, "probe", json!({"drafs.dev/inject": "init"}));
+    let path = format!("/api/v1/namespaces/{probe_ns}/pods?dryRun=All");
+    wait_until(
+        "the webhook configuration to take effect",
+        Duration::from_secs(30),
+        || matches!(cp.raw("POST", &path, Some(&probe), "application/json"), Ok((200, text)) if text.contains("\"name\":\"drafs\"")),
+    );
+}
+
+#[test]
+fn check_says_why_a_namespace_and_a_pod_get_drafs_names_missing_rbac_and_reads_what_drafs_reported() {
+    let Some(cp) = controlplane::private() else { return };
+    let hook = WebhookProcess::start(&[]);
+    namespace(&cp, "opted", json!({"drafs.dev/inject": "enabled"}));
+    namespace(&cp, "plain", json!({}));
+    install_webhook(&cp, &hook, "plain");
+
+    // A namespace labelled for drafs, before its RBAC: injected, mode init;
+    // the missing permissions named with the fix; exit 1.
+    let (code, report) = check_json(&cp, &["-n", "opted", "--expiry-warning-days", "0"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["verdict"], "fail");
+    assert_eq!(report["namespace"], "opted");
+    assert_eq!(report["pod"], Value::Null);
+    let injection = named(&report, "injection");
+    assert_eq!(injection["status"], "ok", "{injection:#}");
+    assert!(injection["message"].as_str().unwrap().starts_with("injected, mode init:"), "{injection:#}");
+    assert_eq!(injection["details"]["unlabelledPods"]["entry"], "namespaces.drafs.dev");
+    let rbac = named(&report, "rbac");
+    assert_eq!(rbac["status"], "fail", "{rbac:#}");
+    assert_eq!(rbac["details"]["serviceAccount"], "drafs");
+    let missing: Vec<&str> =
+        rbac["details"]["missing"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    assert!(missing.contains(&"list resourceslices.resource.k8s.io (cluster-wide)"), "{missing:?}");
+    assert!(missing.contains(&"get pods in opted"), "{missing:?}");
+    assert_eq!(rbac["fix"], "drafs manifests rbac -n opted --service-account drafs | kubectl apply -f -");
+
+    // The fix, applied: every check passes, exit 0, and the text says so.
+    apply_rbac(&cp, "opted", &["--events"]);
+    let out = check(&cp, &["-n", "opted", "--expiry-warning-days", "0"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(text.contains("ok    rbac "), "{text}");
+    assert!(text.contains("certificate verifies against caBundle for 127.0.0.1"), "{text}");
+    assert!(text.ends_with("verdict: ok, drafs will work for namespace opted\n"), "{text}");
+    // The test certificate lives two days: under the default 14, a warning that leaves the exit code alone.
+    let out = check(&cp, &["-n", "opted"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains(" left, under 14)"), "{}", stdout(&out));
+
+    // A namespace not opted in: only labelled pods, and the label that would opt it in.
+    let (_, report) = check_json(&cp, &["-n", "plain", "--expiry-warning-days", "0"]);
+    let injection = named(&report, "injection");
+    assert_eq!(injection["details"]["unlabelledPods"]["injected"], false);
+    assert_eq!(injection["details"]["labelledPods"]["injected"], true);
+    assert!(injection["fix"].as_str().unwrap().contains("kubectl label namespace plain drafs.dev/inject=enabled"));
+
+    // A pod that opted out: not injected, and why; exit 1.
+    cp.create(&pod("opted", "opted-out", json!({"drafs.dev/inject": "disabled"})));
+    let (code, report) = check_json(&cp, &["-n", "opted", "opted-out", "--expiry-warning-days", "0"]);
+    assert_eq!(code, 1);
+    assert_eq!(report["pod"], "opted-out");
+    let injection = named(&report, "injection");
+    assert_eq!(injection["status"], "fail");
+    assert_eq!(injection["message"], "not injected: the pod opted out with label drafs.dev/inject=disabled");
+    assert_eq!(named(&report, "pod")["status"], "skip");
+
+    // An injected pod whose drafs init container failed (its status written as
+    // the kubelet would), with the Event drafs records: the last error, in one line.
+    let created = cp.create(&pod("opted", "trainer", json!({})));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(created["spec"]["initContainers"][0]["name"], "drafs", "{created:#}");
+    let running = check(&cp, &["-n", "opted", "trainer", "--expiry-warning-days", "0"]);
+    assert!(stdout(&running).contains("warn  pod "), "{}", stdout(&running));
+    assert!(stdout(&running).contains("drafs has not started yet"), "{}", stdout(&running));
+    cp.patch_status(
+        &created,
+        &json!({"phase": "Pending", "initContainerStatuses": [{
+            "name": "drafs", "image": "registry.example/drafs:test", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error",
+                                     "message": "not ready after 5m:\nclaim gpu: not allocated"}},
+        }]}),
+    );
+    cp.create(&json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "trainer.drafs-1", "namespace": "opted"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "namespace": "opted", "uid": uid},
+        "reason": "DeviceAttributesNotReady", "type": "Warning", "message": "not ready after 5m: claim gpu: not allocated",
+        "source": {"component": "drafs"}, "reportingComponent": "drafs", "reportingInstance": "trainer",
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z", "count": 1,
+    }));
+    let (code, report) = check_json(&cp, &["-n", "opted", "trainer", "--expiry-warning-days", "0"]);
+    assert_eq!(code, 1, "{report:#}");
+    let injection = named(&report, "injection");
+    assert_eq!(injection["status"], "ok");
+    assert_eq!(injection["details"]["mode"], "init");
+    let status = named(&report, "pod");
+    assert_eq!(status["status"], "fail", "{status:#}");
+    assert_eq!(
+        status["message"],
+        "drafs exited 1: not ready after 5m: claim gpu: not allocated; last event: DeviceAttributesNotReady: not ready after 5m: claim gpu: not allocated"
+    );
+    assert_eq!(status["details"]["exitCode"], 1);
+    assert_eq!(status["details"]["lastEvent"]["reason"], "DeviceAttributesNotReady");
+    assert_eq!(named(&report, "rbac")["status"], "ok");
+}
+
+#[test]
+fn check_reports_a_served_certificate_that_does_not_match_ca_bundle() {
+    let Some(cp) = controlplane::private() else { return };
+    let hook = WebhookProcess::start(&[]);
+    namespace(&cp, "ml", json!({}));
+    apply_rbac(&cp, "ml", &["--events"]);
+    // The configuration trusts another CA than the one that signed the webhook's certificate.
+    let other = tempfile::tempdir().unwrap();
+    support::tls::ca(other.path(), "other").unwrap();
+    cp.create(&support::webhook::configuration_by_url(
+        &format!("https://{}/mutate", hook.addr),
+        &other.path().join("other.crt"),
+    ));
+    let (code, report) = check_json(&cp, &["-n", "ml", "--expiry-warning-days", "0"]);
+    assert_eq!(code, 1, "{report:#}");
+    let webhooks: Vec<&Value> =
+        report["checks"].as_array().unwrap().iter().filter(|c| c["name"] == "webhook").collect();
+    assert_eq!(webhooks.len(), 2, "one per entry: {report:#}");
+    for w in webhooks {
+        assert_eq!(w["status"], "fail", "{w:#}");
+        assert_eq!(w["details"]["reachable"], true, "{w:#}");
+        assert_eq!(w["details"]["certificate"]["verified"], false, "{w:#}");
+        assert!(w["message"].as_str().unwrap().contains("does not verify against caBundle for 127.0.0.1"), "{w:#}");
+        assert!(w["details"]["certificate"]["daysLeft"].as_i64().unwrap() >= 1, "{w:#}");
+    }
+    assert_eq!(named(&report, "rbac")["status"], "ok");
+
+    // Someone who may not create SubjectAccessReviews is told so, not told the RBAC is missing.
+    let kubeconfig = other.path().join("kubeconfig");
+    cp.ensure(
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone", "namespace": "ml"}}),
+    );
+    cp.kubeconfig(&kubeconfig, &cp.token("ml", "someone", None), "ml");
+    let out = check_as(&kubeconfig, &["-o", "json", "-n", "ml"]);
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rbac = named(&report, "rbac");
+    assert_eq!(rbac["status"], "warn", "{rbac:#}");
+    assert_eq!(rbac["details"]["known"], false);
+    assert!(rbac["message"].as_str().unwrap().contains("you may not create subjectaccessreviews"), "{rbac:#}");
+    // Nor may it list webhook configurations: a failed check, not a crash.
+    assert_eq!(named(&report, "configuration")["status"], "fail");
+    assert_eq!(out.status.code(), Some(1));
+    // drafs's own account (check run in its pod) asks about itself instead, which anyone may.
+    cp.kubeconfig(&kubeconfig, &cp.token("ml", "drafs", None), "ml");
+    let out = check_as(&kubeconfig, &["-o", "json", "-n", "ml"]);
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rbac = named(&report, "rbac");
+    assert_eq!(rbac["status"], "ok", "{rbac:#}");
+    assert_eq!(rbac["details"]["known"], true);
+
+    // What is not there is said, as a failed check.
+    let (code, report) = check_json(&cp, &["-n", "nowhere"]);
+    assert_eq!(code, 1);
+    assert_eq!(named(&report, "injection")["message"], "namespace nowhere does not exist");
+    let (code, report) = check_json(&cp, &["-n", "ml", "gone"]);
+    assert_eq!(code, 1);
+    assert_eq!(named(&report, "injection")["message"], "pod ml/gone does not exist");
+
+    // Bad flags are usage errors.
+    let out = check(&cp, &["-n", "Not_A_Namespace"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = check(&cp, &["-n", "ml", "--webhook-address", "nowhere"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// A key of a Secret in drafs-system, decoded.
+fn secret_data(cp: &ControlPlane, name: &str, key: &str) -> Vec<u8> {
+    let secret = cp
+        .get(&json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "drafs-system"}}))
+        .unwrap_or_else(|| panic!("no Secret {name}"));
+    serde_json::from_value::<k8s_openapi::ByteString>(secret["data"][key].clone()).unwrap().0
+}
+
+#[test]
+fn check_reads_the_mode_of_the_charts_webhook_and_reaches_its_service_through_a_forwarded_address() {
+    let Some(cp) = controlplane::private() else { return };
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let out = helm::run(
+        &cp,
+        &[
+            "install",
+            "drafs",
+            "deploy/helm/drafs",
+            "--namespace",
+            "drafs-system",
+            "--set",
+            "namespaceMode=sidecar-files",
+        ],
+    );
+    assert!(out.status.success(), "helm install: {}", stderr(&out));
+    namespace(&cp, "opted", json!({"drafs.dev/inject": "enabled"}));
+    apply_rbac(&cp, "opted", &["--events"]);
+
+    // The mode comes from the chart's Deployment; the Service has no
+    // endpoints here (no kubelet): the API server's proxy does not answer.
+    let (code, report) = check_json(&cp, &["-n", "opted", "--expiry-warning-days", "0", "--timeout", "2s"]);
+    assert_eq!(code, 1, "{report:#}");
+    let injection = named(&report, "injection");
+    assert!(injection["message"].as_str().unwrap().starts_with("injected, mode sidecar-files:"), "{injection:#}");
+    assert_eq!(injection["details"]["namespaceModeKnown"], true);
+    let webhook = named(&report, "webhook");
+    assert_eq!(webhook["status"], "fail", "{webhook:#}");
+    assert_eq!(webhook["details"]["reachable"], false, "{webhook:#}");
+    assert_eq!(webhook["details"]["endpoint"], "service drafs-system/drafs-webhook:443/mutate");
+    assert!(webhook["message"].as_str().unwrap().contains("through the API server's service proxy"), "{webhook:#}");
+    // Both entries name the same Service: one probe, reported for each.
+    let webhooks: Vec<&Value> =
+        report["checks"].as_array().unwrap().iter().filter(|c| c["name"] == "webhook").collect();
+    assert_eq!(webhooks.len(), 2);
+    assert_eq!(webhooks[1]["details"]["endpoint"], "service drafs-system/drafs-webhook:443/mutate/namespace");
+
+    // What `kubectl port-forward svc/drafs-webhook` gives: the webhook with the
+    // chart's certificate on a local address. The certificate is checked for
+    // the Service's name against the chart's caBundle.
+    let hook = WebhookProcess::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    for key in ["tls.crt", "tls.key"] {
+        std::fs::write(dir.path().join(key), secret_data(&cp, "drafs-webhook-tls", key)).unwrap();
+    }
+    hook.rotate("..chart", &dir.path().join("tls.crt"), &dir.path().join("tls.key"));
+    let address = hook.addr.to_string();
+    let last = std::cell::RefCell::new(Value::Null);
+    let passed = wait_for(Duration::from_secs(30), || {
+        let (code, report) =
+            check_json(&cp, &["-n", "opted", "--webhook-address", &address, "--expiry-warning-days", "0"]);
+        *last.borrow_mut() = report;
+        code == 0
+    });
+    let report = last.into_inner();
+    assert!(passed, "{report:#}");
+    let webhook = named(&report, "webhook");
+    assert_eq!(webhook["details"]["serverName"], "drafs-webhook.drafs-system.svc");
+    assert_eq!(webhook["details"]["certificate"]["verified"], true, "{webhook:#}");
+    assert!(webhook["details"]["certificate"]["daysLeft"].as_i64().unwrap() > 300, "{webhook:#}");
+}
