@@ -137,6 +137,31 @@ fn check_says_why_a_namespace_and_a_pod_get_drafs_names_missing_rbac_and_reads_w
     assert!(text.contains("ok    rbac "), "{text}");
     assert!(text.contains("certificate verifies against caBundle for 127.0.0.1"), "{text}");
     assert!(text.ends_with("verdict: ok, drafs will work for namespace opted\n"), "{text}");
+    // RBAC from before device health (get pods only): a warning that says what
+    // is lost, the exit code left alone.
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "drafs", "namespace": "opted"}});
+    let rules = cp.get(&role).unwrap()["rules"].clone();
+    let mut old = rules.clone();
+    old[0]["verbs"] = json!(["get"]);
+    assert_eq!(rules[0]["resources"], json!(["pods"]));
+    cp.merge_patch(&role, &json!({"rules": old}));
+    // The API server's authorizer sees a changed Role through its informer: wait for it.
+    let mut seen = (0, Value::Null);
+    wait_until("the authorizer to see the older Role", Duration::from_secs(30), || {
+        seen = check_json(&cp, &["-n", "opted", "--expiry-warning-days", "0"]);
+        named(&seen.1, "rbac")["status"] != "ok"
+    });
+    let (code, report) = seen;
+    assert_eq!(code, 0, "{report:#}");
+    let rbac = named(&report, "rbac");
+    assert_eq!(rbac["status"], "warn", "{rbac:#}");
+    assert_eq!(rbac["details"]["optionalMissing"], json!(["watch pods in opted"]), "{rbac:#}");
+    assert!(rbac["message"].as_str().unwrap().contains("device health does not follow"), "{rbac:#}");
+    cp.merge_patch(&role, &json!({"rules": rules}));
+    wait_until("the authorizer to see the Role again", Duration::from_secs(30), || {
+        named(&check_json(&cp, &["-n", "opted", "--expiry-warning-days", "0"]).1, "rbac")["status"] == "ok"
+    });
     // The test certificate lives two days: under the default 14, a warning that leaves the exit code alone.
     let out = check(&cp, &["-n", "opted"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));

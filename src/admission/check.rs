@@ -531,12 +531,20 @@ pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, 
         .with_fix(format!("{fix_base} | kubectl apply -f -"));
     }
     if !optional.is_empty() {
+        let mut lost = Vec::new();
+        if optional.iter().any(|g| g.contains("events")) {
+            lost.push("drafs's Events do not show in kubectl describe pod");
+        }
+        if optional.iter().any(|g| g.starts_with("watch pods")) {
+            lost.push("a sidecar's device health does not follow the pod's status");
+        }
         return Check::new(
             "rbac",
             Status::Warn,
             format!(
-                "service account {namespace}/{account} has every permission drafs needs, but may not {}: drafs's Events do not show in kubectl describe pod",
-                optional.join(", ")
+                "service account {namespace}/{account} has every permission drafs needs, but may not {}: {}",
+                optional.join(", "),
+                lost.join("; ")
             ),
             details,
         )

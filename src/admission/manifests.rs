@@ -103,7 +103,7 @@ pub fn grants(namespace: &str, service_account: &str) -> Vec<Grant> {
             Some("ClusterRole") => None,
             _ => continue,
         };
-        let optional = doc["metadata"]["name"] == events_role.as_str();
+        let events = doc["metadata"]["name"] == events_role.as_str();
         for rule in doc["rules"].as_array().into_iter().flatten() {
             let list = |key: &str| -> Vec<String> {
                 rule[key].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
@@ -111,6 +111,8 @@ pub fn grants(namespace: &str, service_account: &str) -> Vec<Grant> {
             for group in list("apiGroups") {
                 for resource in list("resources") {
                     for verb in list("verbs") {
+                        // Without `watch pods` only device health stops following the pod.
+                        let optional = events || (group.is_empty() && resource == "pods" && verb == "watch");
                         out.push(Grant {
                             group: group.clone(),
                             resource: resource.clone(),
@@ -174,6 +176,7 @@ mod tests {
             shown,
             [
                 "get pods in ml",
+                "watch pods in ml (optional)",
                 "list resourceclaims.resource.k8s.io in ml",
                 "watch resourceclaims.resource.k8s.io in ml",
                 "list resourceslices.resource.k8s.io (cluster-wide)",
