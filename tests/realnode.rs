@@ -660,3 +660,45 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0, "{}", pod["status"]);
     assert_eq!(drafs_restarts(&pod), 0);
 }
+
+/// Consumable capacity (KEP-5075) with the real scheduler: two pods each ask
+/// for 20Gi of the GPU shared by memory; the scheduler puts both on it, each
+/// allocation with its own share ID and the 20Gi it consumed, and each app
+/// reads its share (`.consumed/`) beside the device's total (`.capacity/`).
+#[test]
+fn two_pods_sharing_a_gpu_by_memory_each_read_their_share() {
+    let Some(node) = node::shared() else { return };
+    let ns = "shared-gpu";
+    node.namespace(ns, Some("restricted"));
+    node.kubectl_apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu-20gi", "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "shared.gpu.nvidia.com",
+                "capacity": {"requests": {"memory": "20Gi"}},
+            }}]}}},
+        })
+        .to_string(),
+    );
+    let pods = ["inference-a", "inference-b"];
+    for pod in pods {
+        node.kubectl_apply(&inject(&gpu_pod(ns, pod, "gpu-20gi"), &["--mode", "init", "--require", "gpu/gpu/0/uuid"]));
+    }
+    let mut shares = Vec::new();
+    for pod in pods {
+        node.wait_running(ns, pod);
+        let read = |path: &str| node.exec(ns, pod, "app", &["cat", &format!("/dra/gpu/gpu/0/{path}")]);
+        assert_eq!(read(".device"), "gpu-shared", "{pod}");
+        assert_eq!(read(".consumed/gpu.nvidia.com/memory"), "20Gi", "{pod}");
+        assert_eq!(read(".capacity/gpu.nvidia.com/memory"), "80Gi", "{pod}");
+        assert_eq!(read("uuid"), "GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b", "{pod}");
+        // What the scheduler wrote, as drafs serves it.
+        let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_of(node, ns, pod, "gpu")]).unwrap();
+        let result = &claim["status"]["allocation"]["devices"]["results"][0];
+        assert_eq!(result["consumedCapacity"]["memory"], "20Gi", "{claim}");
+        assert_eq!(read(".shareID"), result["shareID"].as_str().unwrap(), "{pod}");
+        shares.push(read(".shareID"));
+    }
+    assert_ne!(shares[0], shares[1], "two allocations of one device, two shares");
+}

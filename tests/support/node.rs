@@ -67,6 +67,18 @@ pub fn devices(driver: &str, mark: &str) -> Value {
                     "capacity": {"memory": {"value": "141Gi"}},
                 })
             })
+            .chain([json!({
+                // One GPU shared by memory (consumable capacity, KEP-5075): only
+                // the `shared.gpu.nvidia.com` class selects it.
+                "name": "gpu-shared",
+                "allowMultipleAllocations": true,
+                "attributes": {
+                    "uuid": {"string": "GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b"},
+                    "productName": {"string": format!("NVIDIA H200{mark}")},
+                    "resource.kubernetes.io/pciBusID": {"string": "0000:9a:00.0"},
+                },
+                "capacity": {"memory": {"value": "80Gi"}},
+            })])
             .collect()
     } else {
         (0..4)
@@ -481,17 +493,24 @@ impl Node {
     }
 }
 
-/// The device classes the examples ask for, on the node's drivers.
+/// The device classes the examples ask for, on the node's drivers (whole
+/// devices), and `shared.gpu.nvidia.com` for the GPU shared by memory.
 fn device_classes() -> String {
-    [("gpu.nvidia.com", GPU_DRIVER), ("vfio.gpu.nvidia.com", GPU_DRIVER), ("dra.net", NIC_DRIVER)]
-        .iter()
-        .map(|(class, driver)| {
-            json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class},
-                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]},
-            })
-            .to_string()
+    [
+        ("gpu.nvidia.com", GPU_DRIVER, false),
+        ("vfio.gpu.nvidia.com", GPU_DRIVER, false),
+        ("dra.net", NIC_DRIVER, false),
+        ("shared.gpu.nvidia.com", GPU_DRIVER, true),
+    ]
+    .iter()
+    .map(|(class, driver, shared)| {
+        let expression = format!("device.driver == \"{driver}\" && device.allowMultipleAllocations == {shared}");
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
         })
-        .collect::<Vec<_>>()
-        .join("\n---\n")
+        .to_string()
+    })
+    .collect::<Vec<_>>()
+    .join("\n---\n")
 }
