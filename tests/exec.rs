@@ -287,3 +287,18 @@ fn exec_sets_driver_data_members_from_the_api_and_a_tree() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), want);
 }
+
+/// `--claim` and `--timeout` choose what is resolved and how long to wait for
+/// it, and `--from-file` where from; with `--from-dir` nothing is resolved, so
+/// giving them is a mistake, said at once (exit 2), not silently ignored.
+#[test]
+fn flags_that_from_dir_would_ignore_are_refused() {
+    for extra in [["--claim", "gpu"], ["--timeout", "5s"], ["--from-file", "x.yaml"]] {
+        let mut args = vec!["exec", "--from-dir", "/nonexistent/dra", "--env", "U=gpu/gpu/0/uuid"];
+        args.extend(extra);
+        args.extend(["--", "true"]);
+        let out = std::process::Command::new(drafs_bin()).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("cannot be used with"), "{extra:?}: {}", stderr(&out));
+    }
+}

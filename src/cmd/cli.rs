@@ -209,8 +209,9 @@ pub struct ExecArgs {
     /// NAME=CLAIM/REQUEST/INDEX/ATTRIBUTE, or NAME=CLAIM/REQUEST/ATTRIBUTE for all devices joined with ','.
     #[arg(long = "env", env = "DRAFS_ENV", value_delimiter = ',', required = true, value_name = "NAME=PATH")]
     pub env: Vec<EnvSpec>,
-    /// Read values from a tree written by `init` or served by `serve`, instead of asking the API.
-    #[arg(long, env = "DRAFS_FROM_DIR", value_name = "DIR")]
+    /// Read values from a tree written by `init` or served by `serve`, instead of asking the API
+    /// (nothing is resolved then: --claim, --timeout and --from-file do not apply).
+    #[arg(long, env = "DRAFS_FROM_DIR", value_name = "DIR", conflicts_with_all = ["claims", "timeout", "from_file"])]
     pub from_dir: Option<PathBuf>,
     /// Leave a variable unset when its value is missing, instead of failing.
     #[arg(long, env = "DRAFS_OPTIONAL")]
