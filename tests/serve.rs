@@ -643,6 +643,25 @@ fn fuse_mounts_are_owned_one_serve_per_directory_and_unmount_only_touches_drafs(
     assert!(stderr(&out).contains("was removed"), "{}", stderr(&out));
 }
 
+/// `serve --from-file` (a tree from a dump, no API) unmounted from outside
+/// ends like an API-fed serve: exit 1, so the kubelet restarts it, instead of
+/// running on with nothing mounted.
+#[test]
+fn a_file_fed_fuse_serve_notices_its_mount_removed() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let file = repo_path("examples/offline/rdma-network.yaml");
+    let mut serve = Serve::start_ready(&env, &mnt, &["--from-file", file.to_str().unwrap()], LIMIT);
+    let out = env.run(&["unmount", "--dir", mnt.to_str().unwrap()], LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("was removed"), "{}", stderr(&out));
+}
+
 #[test]
 fn the_standard_view_behaves_like_the_kubelets_across_processes() {
     let (api, env) = rdma();

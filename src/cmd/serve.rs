@@ -65,7 +65,8 @@ async fn serve(c: &Config) -> Result<(), Failure> {
                 warn!("not ready: {}", built.missing.join("; "));
             }
             info!(dir = %out.dir.display(), files = built.tree.len(), ready = built.is_ready(), "serving a file's resolution until stopped");
-            return std::future::pending().await;
+            mount_lost(mount_id).await;
+            return Err(mount_removed(&out.dir));
         }
         Source::Api { pod_name, namespace } => (pod_name, namespace),
     };
@@ -79,12 +80,16 @@ async fn serve(c: &Config) -> Result<(), Failure> {
             Ok(_) => return Ok(()),
             Err(e) => run_failure(e, c.select.timeout),
         },
-        () = mount_lost(mount_id) => Failure::Failed(format!(
-            "the FUSE mount at {} was removed (drafs unmount, or by hand); exiting so that the kubelet restarts the sidecar",
-            out.dir.display()
-        )),
+        () = mount_lost(mount_id) => mount_removed(&out.dir),
     };
     Err(run.fail(failure).await)
+}
+
+fn mount_removed(dir: &std::path::Path) -> Failure {
+    Failure::Failed(format!(
+        "the FUSE mount at {} was removed (drafs unmount, or by hand); exiting so that the kubelet restarts the sidecar",
+        dir.display()
+    ))
 }
 
 /// Resolves when the FUSE mount `id` is no longer mounted (never for the files backend).
