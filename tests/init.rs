@@ -315,6 +315,27 @@ fn timeout_names_what_is_missing_and_writes_the_termination_log() {
     assert!(!env.path("dra").join("..data").exists(), "nothing written when not ready");
 }
 
+/// The kubelet stops an init container that is still waiting (the pod was
+/// deleted, its deadline passed): `kubectl describe pod` then shows that it
+/// was stopped, not an empty message.
+#[test]
+fn init_stopped_while_waiting_writes_the_termination_log() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
+    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g7")])));
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "0"]);
+    wait_until("init waiting on a watch", LIMIT, || api.requests().iter().any(|r| r.verb == "watch"));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_output(child, LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let log = env.termination_log();
+    assert!(log.contains("stopped by SIGTERM"), "termination log: {log:?}");
+    assert!(!dir.join("..data").exists(), "nothing written when not ready");
+}
+
 #[test]
 fn require_waits_for_device_status() {
     let (api, env, allocated) = nic_without_status();

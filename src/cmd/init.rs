@@ -23,9 +23,10 @@ impl Config {
     }
 }
 
-/// Stopped before it is done, `init` fails (the pod does not start half-ready).
+/// Stopped before it is done, `init` fails (the pod does not start half-ready),
+/// and says so in the termination log like any other failure.
 pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
-    fail_on(stop, async { logged(&c.output.termination_log, write_tree(&c).await) }).await
+    logged(&c.output.termination_log, fail_on(stop, write_tree(&c)).await)
 }
 
 async fn write_tree(c: &Config) -> Result<(), Failure> {
