@@ -5,6 +5,8 @@
 //!   FUSE mount and through the same tree written by `init` on tmpfs;
 //! - update propagation: from the change in the test API server (20 ms of latency
 //!   injected per request) to the new value read through the mount;
+//! - health propagation: from the kubelet's health report in the pod's status
+//!   (written to the test API server, 20 ms of latency) to `.health` read;
 //! - memory: resident set size of `serve` with 8 devices x 30 attributes after
 //!   10k reads and 100 updates.
 
@@ -78,6 +80,32 @@ fn propagation(api: &TestApi, file: &Path, serve: &mut Serve) -> Vec<Duration> {
     times
 }
 
+/// Flip g0's health in the pod's status (as the kubelet writes it) `UPDATES`
+/// times and time each flip until `file` (its `.health`) shows it.
+fn health_propagation(api: &TestApi, file: &Path) -> Vec<Duration> {
+    let mut times = Vec::new();
+    for i in 0..UPDATES {
+        let want = if i % 2 == 0 { "Unhealthy" } else { "Healthy" };
+        let mut pod = api.get("Pod", "ml", "p").unwrap();
+        pod["status"]["containerStatuses"] = serde_json::json!([{
+            "name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
+                {"resourceID": "gpu.example.com/n1/g0", "health": want}]}]}]);
+        let start = Instant::now();
+        api.apply(pod);
+        loop {
+            if std::fs::read_to_string(file).is_ok_and(|v| v == want) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "health flip {i} never arrived");
+            std::hint::spin_loop();
+        }
+        times.push(start.elapsed());
+    }
+    times.sort();
+    times
+}
+
 fn main() {
     if !require_fuse() {
         return;
@@ -123,11 +151,26 @@ fn main() {
         println!("| {name} | {} | {} | {} |", ms(percentile(t, 0.5)), ms(percentile(t, 0.9)), ms(*t.last().unwrap()));
     }
 
+    let fuse_health = health_propagation(&api, &mnt.join("gpu/gpu/0/.health"));
+    let files_health = health_propagation(&api, &files_dir.join("gpu/gpu/0/.health"));
+    println!(
+        "\n### Health propagation: the kubelet's report in the pod's status to `.health` read ({UPDATES} flips, 20 ms latency per request)\n"
+    );
+    println!("| backend | median | p90 | max |");
+    println!("|---|---|---|---|");
+    for (name, t) in [("FUSE", &fuse_health), ("files", &files_health)] {
+        println!("| {name} | {} | {} | {} |", ms(percentile(t, 0.5)), ms(percentile(t, 0.9)), ms(*t.last().unwrap()));
+    }
+
     // Memory after 10k reads (plus the reads above) and the 100 updates above.
     read_loop(&mnt.join(rel), 10_000);
     let pid = serve.child.as_ref().unwrap().id();
     let files_pid = files.child.as_ref().unwrap().id();
-    println!("\n### Memory: 8 devices x 30 attributes, after {} reads and {UPDATES} updates\n", READS + 12_000);
+    println!(
+        "\n### Memory: 8 devices x 30 attributes, after {} reads, {UPDATES} updates and {} health flips\n",
+        READS + 12_000,
+        2 * UPDATES
+    );
     println!("| backend | VmRSS |");
     println!("|---|---|");
     println!("| FUSE | {:.1} MiB |", rss_kib(pid) as f64 / 1024.0);
