@@ -164,7 +164,8 @@ fn main() {
 
     // Memory after 10k reads (plus the reads above) and the 100 updates above.
     read_loop(&mnt.join(rel), 10_000);
-    let pid = serve.child.as_ref().unwrap().id();
+    // The FUSE server, not the supervisor that `serve --backend fuse` forks it from.
+    let pid = serve.fuse_server_pid().expect("the FUSE server") as u32;
     let files_pid = files.child.as_ref().unwrap().id();
     println!(
         "\n### Memory: 8 devices x 30 attributes, after {} reads, {UPDATES} updates and {} health flips\n",
