@@ -279,7 +279,10 @@ impl Reconciler {
                 }
                 self.errors.insert(POD_KEY.into(), error.to_string());
                 step.warnings.extend(self.warn_once(format!("{error}; retrying")));
-                let after = self.next_backoff(POD_KEY);
+                // Start-up waits for the pod: quick retries. Once ready, a refetch
+                // (its watch expired) is trouble like any other scope's.
+                let after =
+                    if self.ever_ready { self.trouble.next(Instant::now()) } else { self.next_backoff(POD_KEY) };
                 self.pod_pending = true;
                 step.actions.push(Action::GetPod { after });
             }
@@ -1029,6 +1032,40 @@ mod tests {
         assert!(step.actions.is_empty());
         let step = r.handle(Input::Pod(pod_at("12", Some("Unhealthy"))));
         assert!(watches(&step).is_empty(), "{:?}", step.actions);
+    }
+
+    /// After ready, fetching the pod again (its watch expired) during an outage
+    /// retries on the run's trouble backoff (up to 30 s), not the start-up one
+    /// (up to 5 s): an outage costs as few requests as for any other scope.
+    #[test]
+    fn refetching_the_pod_after_ready_backs_off_like_every_other_scope() {
+        let pod_scope = Scope::Pod("p".into());
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        r.start();
+        r.handle(Input::Pod(pod_at("3", None)));
+        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
+        let filter = filter_of(&claims).unwrap();
+        r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        let step = r.handle(Input::Expired(pod_scope));
+        assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })));
+        let mut delays = Vec::new();
+        for _ in 0..6 {
+            let failed = ApiError::Failed {
+                verb: "get",
+                resource: "pods".into(),
+                scope: String::new(),
+                message: "HTTP 503".into(),
+                code: Some(503),
+            };
+            let step = r.handle(Input::PodFailed(failed));
+            assert!(step.done.is_none(), "serve goes on");
+            delays.extend(step.actions.iter().filter_map(|a| match a {
+                Action::GetPod { after } => Some(*after),
+                _ => None,
+            }));
+        }
+        assert_eq!(delays.len(), 6, "one retry per failure");
+        assert!(delays.iter().max().unwrap() > &Duration::from_secs(5), "{delays:?}");
     }
 
     /// `init` never watches the pod.
