@@ -59,6 +59,17 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
+/// The time from `start` until `file` reads `want` (spinning: a sleep would be the figure).
+fn until_reads(file: &Path, want: &str, start: Instant) -> Duration {
+    loop {
+        if std::fs::read_to_string(file).is_ok_and(|v| v == want) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{} never read {want:?}", file.display());
+        std::hint::spin_loop();
+    }
+}
+
 /// Change attr0 of g0 `UPDATES` times and time each change until `file` shows it.
 fn propagation(api: &TestApi, file: &Path, serve: &mut Serve) -> Vec<Duration> {
     let mut times = Vec::new();
@@ -66,14 +77,7 @@ fn propagation(api: &TestApi, file: &Path, serve: &mut Serve) -> Vec<Duration> {
         let want = format!("value-0-0-{generation}");
         let start = Instant::now();
         eight_device_slice(api, generation);
-        loop {
-            if std::fs::read_to_string(file).is_ok_and(|v| v == want) {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "update {generation} never arrived");
-            std::hint::spin_loop();
-        }
-        times.push(start.elapsed());
+        times.push(until_reads(file, &want, start));
         let _ = serve;
     }
     times.sort();
@@ -93,14 +97,7 @@ fn health_propagation(api: &TestApi, file: &Path) -> Vec<Duration> {
                 {"resourceID": "gpu.example.com/n1/g0", "health": want}]}]}]);
         let start = Instant::now();
         api.apply(pod);
-        loop {
-            if std::fs::read_to_string(file).is_ok_and(|v| v == want) {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "health flip {i} never arrived");
-            std::hint::spin_loop();
-        }
-        times.push(start.elapsed());
+        times.push(until_reads(file, want, start));
     }
     times.sort();
     times

@@ -124,12 +124,7 @@ fn each_mode_serves_the_allocated_device_in_a_real_pod() {
     // the live modes follow, through files and through FUSE; init wrote once.
     node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
     for pod in ["app-files", "app-fuse"] {
-        let mut seen = String::new();
-        let followed = wait_for(Duration::from_secs(60), || {
-            seen = node.exec(ns, pod, "app", &["cat", "/dra/gpu/gpu/0/productName"]);
-            seen == "NVIDIA H200 (rev 2)"
-        });
-        assert!(followed, "{pod}: the app still reads {seen:?}");
+        wait_read_in_app(node, ns, pod, "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
     }
     assert_eq!(node.exec(ns, "app-init", "app", &["cat", "/dra/gpu/gpu/0/productName"]), "NVIDIA H200");
 }
@@ -570,6 +565,16 @@ fn read_in_app(node: &Node, ns: &str, pod: &str, path: &str) -> String {
     node.exec(ns, pod, "app", &["sh", "-c", &format!("cat {path} 2>/dev/null || true")])
 }
 
+/// Wait until the app reads `want` at `path` (60 s at most), failing with what it read last.
+fn wait_read_in_app(node: &Node, ns: &str, pod: &str, path: &str, want: &str) {
+    let mut seen = String::new();
+    let arrived = wait_for(Duration::from_secs(60), || {
+        seen = read_in_app(node, ns, pod, path);
+        seen == want
+    });
+    assert!(arrived, "{ns}/{pod}: the app reads {seen:?} at {path}, not {want:?}");
+}
+
 fn pod_ready(pod: &Value) -> Option<bool> {
     let conditions = pod["status"]["conditions"].as_array()?;
     conditions.iter().find(|c| c["type"] == "Ready").map(|c| c["status"] == "True")
@@ -611,49 +616,26 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
         "-p",
         &patch,
     ]);
-    let mut uuid = String::new();
-    let arrived = wait_for(Duration::from_secs(60), || {
-        uuid = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/uuid");
-        uuid == "MIG-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9"
-    });
-    assert!(arrived, "the driver's data did not reach the app: {uuid:?}");
+    let uuid = "/dra/gpu/gpu/0/.status/data.d/uuid";
+    wait_read_in_app(node, ns, "app", uuid, "MIG-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/gpu/index"), "0");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.status/data.d/profile"), "1g.18gb");
-    let health = || read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health");
+    let health = "/dra/gpu/gpu/0/.health";
     // Nothing reported yet: the kubelet says Unknown (the file says what the kubelet says).
-    let mut seen = String::new();
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            seen = health();
-            seen == "Unknown"
-        }),
-        "before a report: {seen:?}"
-    );
+    wait_read_in_app(node, ns, "app", health, "Unknown");
 
     let report = |state: &str, message: &str| {
         node.set_health(GPU_DRIVER, &json!([{"pool": pool, "device": device, "health": state, "message": message}]));
     };
     report("Unhealthy", "XID 79 (from the test)");
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            seen = health();
-            seen == "Unhealthy"
-        }),
-        "still {seen:?}"
-    );
+    wait_read_in_app(node, ns, "app", health, "Unhealthy");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.healthMessage"), "XID 79 (from the test)");
     node.wait_pod(ns, "app", "NotReady while its GPU is Unhealthy", Duration::from_secs(60), |p| {
         pod_ready(p) == Some(false)
     });
 
     report("Healthy", "");
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            seen = health();
-            seen == "Healthy"
-        }),
-        "still {seen:?}"
-    );
+    wait_read_in_app(node, ns, "app", health, "Healthy");
     node.wait_pod(ns, "app", "Ready again", Duration::from_secs(60), |p| pod_ready(p) == Some(true));
     // The app kept running throughout: readiness, not restarts.
     let pod = node.get_json(&["pod", "-n", ns, "app"]).unwrap();

@@ -25,13 +25,14 @@ pub fn run(config: &Config) -> Result<(), Failure> {
         return Err(Failure::Failed(format!("{} is a stale FUSE mount (its server is gone)", dir.display())));
     }
     let ready = dir.join(layout::READY).exists();
-    // The record is read once: it is one consistent tree, whatever changes meanwhile.
-    let record = std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    // The record is read only when needed (a ready probe without --healthy is
+    // one stat), and once: it is one consistent tree, whatever changes meanwhile.
+    let record = || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
     if !ready {
-        return Err(Failure::Failed(format!("not ready: {}", not_ready_reason(dir, record.as_ref()))));
+        return Err(Failure::Failed(format!("not ready: {}", not_ready_reason(dir, record().as_ref()))));
     }
     if config.healthy {
-        let unhealthy = record.as_ref().map(unhealthy_devices).unwrap_or_default();
+        let unhealthy = record().as_ref().map(unhealthy_devices).unwrap_or_default();
         if !unhealthy.is_empty() {
             return Err(Failure::Failed(format!("unhealthy: {}", unhealthy.join("; "))));
         }

@@ -989,15 +989,22 @@ mod tests {
         p
     }
 
-    #[test]
-    fn serve_watches_the_pod_from_its_fetched_version_and_only_gets_it_again() {
-        let pod_scope = Scope::Pod("p".into());
+    /// `serve` ready from the first reads, the pod fetched at version 3: the
+    /// reconciler and the step that made it ready.
+    fn serving_pod_at_version_3() -> (Reconciler, Step) {
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
         r.start();
         r.handle(Input::Pod(pod_at("3", None)));
         let claims = r.handle(listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
         let filter = filter_of(&claims).unwrap();
         let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        (r, step)
+    }
+
+    #[test]
+    fn serve_watches_the_pod_from_its_fetched_version_and_only_gets_it_again() {
+        let pod_scope = Scope::Pod("p".into());
+        let (mut r, step) = serving_pod_at_version_3();
         assert!(matches!(step.transition, Some(Transition::Ready { .. })));
         assert!(step.actions.iter().any(|a| matches!(a, Action::Watch { scope, resource_version, .. }
             if *scope == pod_scope && resource_version == "3")));
@@ -1039,14 +1046,9 @@ mod tests {
     /// (up to 5 s): an outage costs as few requests as for any other scope.
     #[test]
     fn refetching_the_pod_after_ready_backs_off_like_every_other_scope() {
-        let pod_scope = Scope::Pod("p".into());
-        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        r.handle(Input::Pod(pod_at("3", None)));
-        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
-        let filter = filter_of(&claims).unwrap();
-        r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
-        let step = r.handle(Input::Expired(pod_scope));
+        let (mut r, ready) = serving_pod_at_version_3();
+        assert!(matches!(ready.transition, Some(Transition::Ready { .. })));
+        let step = r.handle(Input::Expired(Scope::Pod("p".into())));
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })));
         let mut delays = Vec::new();
         for _ in 0..6 {
