@@ -328,7 +328,7 @@ pub struct ProbeArgs {
 /// What to resolve.
 #[derive(Debug, Args)]
 pub struct SelectArgs {
-    /// Only these pod claims (repeatable; env: comma-separated).
+    /// Only these pod claims, or extended resources by name (DOMAIN/NAME), (repeatable; env: comma-separated).
     #[arg(long = "claim", env = "DRAFS_CLAIMS", value_delimiter = ',', value_name = "NAME")]
     pub claims: Vec<String>,
     /// How long to wait for the API and for everything asked for, e.g. 90s, 5m, 1h (0: no limit).

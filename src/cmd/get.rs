@@ -7,7 +7,7 @@ use crate::cmd::cli::{GetArgs, Output};
 use crate::cmd::config::{Select, Source};
 use crate::cmd::{Failure, log_tree_warnings, resolve_once};
 use crate::model::layout;
-use crate::model::resolve::Resolution;
+use crate::model::resolve::{ClaimOrigin, Resolution};
 use crate::model::tree::{self, BuiltTree, EntryKind};
 
 #[derive(Debug)]
@@ -70,17 +70,23 @@ pub fn tree_listing(built: &BuiltTree) -> String {
 }
 
 /// One row per attribute, capacity, consumed capacity, status and health value, in aligned columns.
+/// An extended resource's request is shown as its tree directory, the container
+/// (`trainer (container-1-request-0)`).
 pub fn table(res: &Resolution) -> String {
     let mut rows =
         vec![["CLAIM", "REQUEST", "INDEX", "DRIVER", "DEVICE", "ATTRIBUTE", "VALUE"].map(String::from).to_vec()];
     for claim in &res.claims {
         for device in &claim.devices {
+            let request = match claim.origin {
+                ClaimOrigin::ExtendedResource => format!("{} ({})", device.request, device.full_request),
+                _ => device.full_request.clone(),
+            };
             for (name, kind, value) in tree::device_entries(device) {
                 use EntryKind::*;
                 if matches!(kind, Attribute | Capacity | Consumed | Status | Health) {
                     let row = [
                         claim.pod_claim.as_str(),
-                        device.full_request.as_str(),
+                        request.as_str(),
                         &device.index.to_string(),
                         device.driver.as_str(),
                         device.device.as_str(),

@@ -3,14 +3,20 @@
 //!
 //! `NAME=CLAIM/REQUEST/INDEX/ATTR` takes one device's value;
 //! `NAME=CLAIM/REQUEST/ATTR` (no index) joins the values of all devices of the
-//! request with `,`, in allocation order.
+//! request with `,`, in allocation order. An extended resource's devices are
+//! named the same way with the resource as the claim and the container as
+//! the request: `GPU=nvidia.com/gpu/trainer/0/uuid` (a claim name never has a
+//! dot, so a first component with one starts a resource name).
 
+use crate::model::extended::is_servable_resource;
 use crate::model::names::is_dns_label;
 use crate::model::tree::{Tree, is_clean_relative};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvError {
-    #[error("--env {0:?}: expected NAME=CLAIM/REQUEST/INDEX/ATTRIBUTE or NAME=CLAIM/REQUEST/ATTRIBUTE")]
+    #[error(
+        "--env {0:?}: expected NAME=CLAIM/REQUEST/INDEX/ATTRIBUTE or NAME=CLAIM/REQUEST/ATTRIBUTE (for an extended resource, CLAIM is DOMAIN/RESOURCE and REQUEST the container)"
+    )]
     Syntax(String),
     #[error("--env {0:?}: {1:?} is not a valid variable name")]
     BadName(String, String),
@@ -39,18 +45,32 @@ impl std::str::FromStr for EnvSpec {
             return Err(EnvError::BadName(s.into(), name.into()));
         }
         let path = path.trim_matches('/');
-        let parts: Vec<&str> = path.splitn(3, '/').collect();
-        if parts.len() < 3 || !is_clean_relative(path) || !is_dns_label(parts[0]) || !is_dns_label(parts[1]) {
+        if !is_clean_relative(path) {
             return Err(EnvError::Syntax(s.into()));
         }
-        let (index, attribute) = match parts[2].split_once('/') {
+        // The claim: a pod claim (a DNS label), or an extended resource's DOMAIN/NAME.
+        let (claim, rest) = match path.split_once('/') {
+            Some((first, rest)) if first.contains('.') => match rest.split_once('/') {
+                Some((resource, rest)) if is_servable_resource(&format!("{first}/{resource}")) => {
+                    (format!("{first}/{resource}"), rest)
+                }
+                _ => return Err(EnvError::Syntax(s.into())),
+            },
+            Some((first, rest)) if is_dns_label(first) => (first.to_string(), rest),
+            _ => return Err(EnvError::Syntax(s.into())),
+        };
+        let parts: Vec<&str> = rest.splitn(2, '/').collect();
+        if parts.len() < 2 || !is_dns_label(parts[0]) {
+            return Err(EnvError::Syntax(s.into()));
+        }
+        let (index, attribute) = match parts[1].split_once('/') {
             Some((first, rest)) if first.parse::<usize>().is_ok() => (first.parse().ok(), rest.to_string()),
-            _ => (None, parts[2].to_string()),
+            _ => (None, parts[1].to_string()),
         };
         if attribute.is_empty() || attribute.parse::<usize>().is_ok() {
             return Err(EnvError::Syntax(s.into()));
         }
-        Ok(EnvSpec { name: name.into(), claim: parts[0].into(), request: parts[1].into(), index, attribute })
+        Ok(EnvSpec { name: name.into(), claim, request: parts[0].into(), index, attribute })
     }
 }
 
@@ -128,7 +148,23 @@ mod tests {
         assert_eq!((s.index, s.attribute.as_str()), (Some(0), ".status/interfaceName"));
         let s: EnvSpec = "MTU=nics/rdma/dra.net/mtu".parse().unwrap();
         assert_eq!((s.index, s.attribute.as_str()), (None, "dra.net/mtu"));
-        for bad in ["IF", "1X=a/b/0/c", "X=a/b", "X=a/../0/c", "X=a/b/0", "X=A/b/0/c"] {
+        let s: EnvSpec = "GPU=nvidia.com/gpu/trainer/0/uuid".parse().unwrap();
+        assert_eq!(
+            (s.claim.as_str(), s.request.as_str(), s.index, s.attribute.as_str()),
+            ("nvidia.com/gpu", "trainer", Some(0), "uuid")
+        );
+        let s: EnvSpec = "ALL=nvidia.com/gpu/trainer/gpu.nvidia.com/uuid".parse().unwrap();
+        assert_eq!((s.claim.as_str(), s.index, s.attribute.as_str()), ("nvidia.com/gpu", None, "gpu.nvidia.com/uuid"));
+        for bad in [
+            "IF",
+            "1X=a/b/0/c",
+            "X=a/b",
+            "X=a/../0/c",
+            "X=a/b/0",
+            "X=A/b/0/c",
+            "X=nvidia.com/../trainer/0/uuid",
+            "X=nvidia.com/gpu/Trainer/0/uuid",
+        ] {
             assert!(bad.parse::<EnvSpec>().is_err(), "{bad}");
         }
     }

@@ -185,7 +185,7 @@ mod tests {
             namespace: "ns".into(),
             uid: "u".into(),
             generation: 1,
-            from_template: true,
+            origin: crate::model::resolve::ClaimOrigin::Template,
             devices,
         }
     }

@@ -91,7 +91,7 @@ fn device_metadata(device: &ResolvedDevice) -> Value {
 
 /// The path of one claim's file for a request and driver.
 fn file_path(claim: &ResolvedClaim, request: &str, driver: &str) -> String {
-    if claim.from_template {
+    if claim.from_template() {
         format!("resourceclaimtemplates/{}/{request}/{driver}-metadata.json", claim.pod_claim)
     } else {
         format!("resourceclaims/{}/{request}/{driver}-metadata.json", claim.claim_name)
@@ -105,7 +105,7 @@ type Requests<'a> = Vec<(&'a str, Vec<Value>)>;
 pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec<String>) -> Tree {
     let mut tree = Tree::default();
     for claim in &res.claims {
-        if !claim.from_template && !is_dns_subdomain(&claim.claim_name) {
+        if !claim.from_template() && !is_dns_subdomain(&claim.claim_name) {
             warnings
                 .push(format!("metadata view: ResourceClaim name {:?} skipped: not a DNS subdomain", claim.claim_name));
             continue;
@@ -117,10 +117,16 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
                 warnings.push(format!("metadata view: driver {:?} skipped: not a DNS subdomain", device.driver));
                 continue;
             }
-            let requests = files.entry((device.request.as_str(), device.driver.as_str())).or_default();
+            // The claim's own request (an extended resource's tree directory is
+            // its container, but the standard path has the claim's request).
+            let request = device.full_request.split('/').next().unwrap_or_default();
+            let requests = files.entry((request, device.driver.as_str())).or_default();
+            let entry = device_metadata(device);
             match requests.iter_mut().find(|(name, _)| *name == device.full_request) {
-                Some((_, devices)) => devices.push(device_metadata(device)),
-                None => requests.push((device.full_request.as_str(), vec![device_metadata(device)])),
+                // A request two containers share (an extended resource) lists its device once.
+                Some((_, devices)) if devices.contains(&entry) => {}
+                Some((_, devices)) => devices.push(entry),
+                None => requests.push((device.full_request.as_str(), vec![entry])),
             }
         }
         for ((request, driver), requests) in files {
@@ -129,7 +135,7 @@ pub fn build(res: &Resolution, generations: &mut Generations, warnings: &mut Vec
                 requests.into_iter().map(|(name, devices)| json!({"name": name, "devices": devices})).collect();
             // Generation is counted on the content; the documents put it in order:
             // apiVersion, kind, metadata, podClaimName, requests.
-            let pod_claim = claim.from_template.then(|| claim.pod_claim.clone());
+            let pod_claim = claim.from_template().then(|| claim.pod_claim.clone());
             let generation =
                 generations.next(&path, &json!([claim.claim_name, claim.namespace, claim.uid, pod_claim, requests]));
             let mut content = String::new();

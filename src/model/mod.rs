@@ -12,6 +12,7 @@
 
 pub mod backoff;
 pub mod envvars;
+pub mod extended;
 pub mod health;
 pub mod layout;
 pub mod metadata;

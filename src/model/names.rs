@@ -39,6 +39,16 @@ pub fn is_data_key(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// A name from an API object for a message: quoted and escaped (no control
+/// character reaches a terminal or a log raw), and cut short if long.
+pub fn quoted(name: &str) -> String {
+    const MAX: usize = 64;
+    match name.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{:?}…", &name[..cut]),
+        None => format!("{name:?}"),
+    }
+}
+
 /// A fully qualified attribute or capacity name: `domain/name`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QualifiedName {

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::model::extended;
 use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
@@ -118,7 +119,8 @@ pub struct DeviceStatus {
 /// One allocated device with everything known about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedDevice {
-    /// The request part before the first `/` (the tree directory).
+    /// The tree directory: the request part before the first `/`, or for an
+    /// extended resource the container that asked for it.
     pub request: String,
     /// The result's request as allocated, e.g. `gpu/large` for a subrequest.
     pub full_request: String,
@@ -137,18 +139,37 @@ pub struct ResolvedDevice {
     pub health: Option<Health>,
 }
 
-/// One pod claim and the devices resolved for it so far.
+/// How the pod got a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOrigin {
+    /// `spec.resourceClaims[].resourceClaimName`: a claim made beforehand.
+    Named,
+    /// `spec.resourceClaims[].resourceClaimTemplateName`: made for the pod.
+    Template,
+    /// Made by the scheduler for the containers' extended resources (KEP-5004).
+    ExtendedResource,
+}
+
+/// One pod claim, or one extended resource of the pod, and the devices
+/// resolved for it so far.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedClaim {
-    /// The name in the pod's `spec.resourceClaims` (the tree directory).
+    /// The tree directory: the name in the pod's `spec.resourceClaims`, or for
+    /// an extended resource its name (`gpu.example.com/gpu`, two components).
     pub pod_claim: String,
     /// The ResourceClaim object's name.
     pub claim_name: String,
     pub namespace: String,
     pub uid: String,
     pub generation: i64,
-    pub from_template: bool,
+    pub origin: ClaimOrigin,
     pub devices: Vec<ResolvedDevice>,
+}
+
+impl ResolvedClaim {
+    pub fn from_template(&self) -> bool {
+        self.origin == ClaimOrigin::Template
+    }
 }
 
 /// Something the pod asked for that is not (yet) there.
@@ -162,6 +183,11 @@ pub enum Missing {
     ClaimStatusPending {
         pod_claim: String,
         template: String,
+    },
+    /// `--claim DOMAIN/NAME` of an extended resource the scheduled pod did not get through DRA.
+    UnknownExtendedResource {
+        name: String,
+        available: Vec<String>,
     },
     ClaimNotFound {
         pod_claim: String,
@@ -189,7 +215,7 @@ pub enum Missing {
 impl Missing {
     /// True when waiting cannot help (the pod spec is immutable).
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Missing::UnknownClaim { .. })
+        matches!(self, Missing::UnknownClaim { .. } | Missing::UnknownExtendedResource { .. })
     }
 }
 
@@ -202,19 +228,25 @@ impl std::fmt::Display for Missing {
                 "claim {name}: the pod has no resource claim named {name:?} (it has: {})",
                 if available.is_empty() { "none".to_string() } else { available.join(", ") }
             ),
+            Missing::UnknownExtendedResource { name, available } => write!(
+                f,
+                "extended resource {name}: the pod got no device of it through DRA (its status.extendedResourceClaimStatus maps: {})",
+                if available.is_empty() { "none".to_string() } else { available.join(", ") }
+            ),
             Missing::ClaimStatusPending { pod_claim, template } => write!(
                 f,
                 "claim {pod_claim}: no ResourceClaim generated from template {template} yet (pod status.resourceClaimStatuses has no entry)"
             ),
             Missing::ClaimNotFound { pod_claim, claim_name } => {
-                write!(f, "claim {pod_claim}: ResourceClaim {claim_name} not found")
+                write!(f, "{}: ResourceClaim {claim_name} not found", subject(pod_claim))
             }
             Missing::ClaimNotAllocated { pod_claim, claim_name } => {
-                write!(f, "claim {pod_claim}: ResourceClaim {claim_name} is not allocated yet")
+                write!(f, "{}: ResourceClaim {claim_name} is not allocated yet", subject(pod_claim))
             }
             Missing::Device { pod_claim, request, index, driver, pool, device, detail } => write!(
                 f,
-                "claim {pod_claim}, request {request}, device {index}: {driver}/{pool}/{device} not published: {detail}"
+                "{}, request {request}, device {index}: {driver}/{pool}/{device} not published: {detail}",
+                subject(pod_claim)
             ),
             Missing::Invalid { what, problem } => write!(f, "{what}: {problem}"),
         }
@@ -271,13 +303,16 @@ impl Resolution {
 
 /// Names of the ResourceClaim objects the pod uses, as far as its status tells.
 pub fn claim_names(pod: &Pod, selection: &Selection) -> Vec<String> {
-    pod_claims(pod, selection)
+    let mut names: Vec<String> = pod_claims(pod, selection, &mut Vec::new())
         .into_iter()
         .filter_map(|c| match c.source {
             ClaimSource::Named(name) => Some(name),
             _ => None,
         })
-        .collect()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 enum ClaimSource {
@@ -287,22 +322,28 @@ enum ClaimSource {
     Invalid(String),
 }
 
+/// A claim the tree has a directory for: a pod claim, or one extended resource.
 struct PodClaim {
     name: String,
-    from_template: bool,
+    origin: ClaimOrigin,
     source: ClaimSource,
+    /// For an extended resource: each container that asked for it (its tree
+    /// directory) and the claim's requests that hold its devices, in order.
+    requests: Option<Vec<(String, Vec<String>)>>,
 }
 
-/// The pod's claims (restricted by the selection), each with where its object is.
-fn pod_claims(pod: &Pod, selection: &Selection) -> Vec<PodClaim> {
+/// The pod's claims and extended resources (restricted by the selection),
+/// each with where its object is.
+fn pod_claims(pod: &Pod, selection: &Selection, warnings: &mut Vec<String>) -> Vec<PodClaim> {
     let spec_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
     let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
-    spec_claims
+    let selected = |name: &str| selection.claims.is_empty() || selection.claims.iter().any(|c| c == name);
+    let mut claims: Vec<PodClaim> = spec_claims
         .into_iter()
         .flatten()
-        .filter(|c| selection.claims.is_empty() || selection.claims.contains(&c.name))
+        .filter(|c| selected(&c.name))
         .map(|c| {
-            let from_template = c.resource_claim_name.is_none();
+            let origin = if c.resource_claim_name.is_none() { ClaimOrigin::Template } else { ClaimOrigin::Named };
             let source = match (&c.resource_claim_name, &c.resource_claim_template_name) {
                 (Some(name), None) => ClaimSource::Named(name.clone()),
                 (None, Some(template)) => match statuses.into_iter().flatten().find(|s| s.name == c.name) {
@@ -316,9 +357,39 @@ fn pod_claims(pod: &Pod, selection: &Selection) -> Vec<PodClaim> {
                     "exactly one of resourceClaimName and resourceClaimTemplateName must be set".into(),
                 ),
             };
-            PodClaim { name: c.name.clone(), from_template, source }
+            PodClaim { name: c.name.clone(), origin, source, requests: None }
         })
-        .collect()
+        .collect();
+    match extended::of_pod(pod, warnings) {
+        None => {}
+        Some(Err(problem)) => claims.push(PodClaim {
+            name: "extended resources".into(),
+            origin: ClaimOrigin::ExtendedResource,
+            source: ClaimSource::Invalid(problem),
+            requests: None,
+        }),
+        Some(Ok(generated)) => {
+            for resource in generated.resources() {
+                if !selected(resource) {
+                    continue;
+                }
+                let mut requests: Vec<(String, Vec<String>)> = Vec::new();
+                for r in generated.requests.iter().filter(|r| r.resource == resource) {
+                    match requests.iter_mut().find(|(container, _)| *container == r.container) {
+                        Some((_, list)) => list.push(r.request.clone()),
+                        None => requests.push((r.container.clone(), vec![r.request.clone()])),
+                    }
+                }
+                claims.push(PodClaim {
+                    name: resource.to_string(),
+                    origin: ClaimOrigin::ExtendedResource,
+                    source: ClaimSource::Named(generated.claim_name.clone()),
+                    requests: Some(requests),
+                });
+            }
+        }
+    }
+    claims
 }
 
 /// One generation of a pool as the slices seen so far publish it.
@@ -420,16 +491,33 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
         };
     };
     let mut out = Resolution { pod: PodIdentity::of(pod), ..Default::default() };
+    let claims = pod_claims(pod, selection, &mut out.warnings);
+    let scheduled = out.pod.node.is_some();
+    // Extended resources are known to be DRA's only once the scheduler chose
+    // (it records the claim before it binds the pod).
+    let asks_extended = !extended::requested(pod).is_empty();
+    let extended_status = pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some());
     let declared = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
-    if !declared {
-        out.warnings.push(format!(
-            "pod {}/{} uses no resource claims (spec.resourceClaims is empty): the tree has no device",
-            out.pod.namespace, out.pod.name
-        ));
+    if !declared && !extended_status && (scheduled || !asks_extended) {
+        let (pod_ns, pod_name) = (&out.pod.namespace, &out.pod.name);
+        out.warnings.push(if asks_extended {
+            let names: Vec<String> = extended::requested(pod).into_iter().collect();
+            format!(
+                "pod {pod_ns}/{pod_name} uses no resource claims and got none of its extended resources ({}) through DRA (no DeviceClass names them, or a device plugin serves them): the tree has no device",
+                names.join(", ")
+            )
+        } else {
+            format!(
+                "pod {pod_ns}/{pod_name} uses no resource claims (spec.resourceClaims is empty) and no extended resource backed by DRA: the tree has no device"
+            )
+        });
     }
-    let claims = pod_claims(pod, selection);
+    let mut waits_for_scheduling = !claims.is_empty() || (asks_extended && !extended_status);
     for wanted in &selection.claims {
-        if !claims.iter().any(|c| &c.name == wanted) {
+        if claims.iter().any(|c| &c.name == wanted) {
+            continue;
+        }
+        if !extended::is_extended_resource(wanted) {
             let available = pod
                 .spec
                 .as_ref()
@@ -437,15 +525,23 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
                 .map(|cs| cs.iter().map(|c| c.name.clone()).collect())
                 .unwrap_or_default();
             out.missing.push(Missing::UnknownClaim { name: wanted.clone(), available });
+        } else if scheduled {
+            let available = match extended::of_pod(pod, &mut Vec::new()) {
+                Some(Ok(generated)) => generated.resources().into_iter().map(str::to_string).collect(),
+                _ => Vec::new(),
+            };
+            out.missing.push(Missing::UnknownExtendedResource { name: wanted.clone(), available });
+        } else {
+            waits_for_scheduling = true;
         }
     }
-    if out.pod.node.is_none() && !claims.is_empty() {
+    if !scheduled && waits_for_scheduling {
         out.missing.push(Missing::NotScheduled);
     }
     let index = SliceIndex::new(snapshot, out.pod.node.as_deref());
     for pod_claim in claims {
         let name = pod_claim.name.clone();
-        if !is_dns_label(&name) {
+        if pod_claim.origin != ClaimOrigin::ExtendedResource && !is_dns_label(&name) {
             out.missing.push(Missing::Invalid {
                 what: format!("pod claim {name:?}"),
                 problem: "is not a DNS label, so it cannot be a directory name".into(),
@@ -453,14 +549,14 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
             continue;
         }
         let claim_name = match pod_claim.source {
-            ClaimSource::Named(n) => n,
+            ClaimSource::Named(ref n) => n.clone(),
             ClaimSource::NotNeeded => continue,
             ClaimSource::Pending { template } => {
                 out.missing.push(Missing::ClaimStatusPending { pod_claim: name, template });
                 continue;
             }
             ClaimSource::Invalid(problem) => {
-                out.missing.push(Missing::Invalid { what: format!("claim {name}"), problem });
+                out.missing.push(Missing::Invalid { what: subject(&name), problem });
                 continue;
             }
         };
@@ -468,7 +564,7 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
             out.missing.push(Missing::ClaimNotFound { pod_claim: name, claim_name });
             continue;
         };
-        resolve_claim(&mut out, &index, name, pod_claim.from_template, claim);
+        resolve_claim(&mut out, &index, &pod_claim, claim);
     }
     health::attach(pod, &mut out.claims);
     out.missing.sort();
@@ -476,38 +572,56 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
     out
 }
 
-fn resolve_claim(
-    out: &mut Resolution,
-    index: &SliceIndex,
-    pod_claim: String,
-    from_template: bool,
-    claim: &ResourceClaim,
-) {
+/// How a message names a claim directory: `claim gpu`, or `extended resource gpu.example.com/gpu`.
+fn subject(pod_claim: &str) -> String {
+    if pod_claim.contains('/') || pod_claim.contains(' ') {
+        format!("extended resource {pod_claim}")
+    } else {
+        format!("claim {pod_claim}")
+    }
+}
+
+fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: &PodClaim, claim: &ResourceClaim) {
     let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let name = &pod_claim.name;
     let status = claim.status.as_ref();
     let Some(results) = status
         .and_then(|s| s.allocation.as_ref())
         .map(|a| a.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default())
     else {
-        out.missing.push(Missing::ClaimNotAllocated { pod_claim, claim_name });
+        out.missing.push(Missing::ClaimNotAllocated { pod_claim: name.clone(), claim_name });
         return;
     };
     let device_statuses: &[AllocatedDeviceStatus] = status.and_then(|s| s.devices.as_deref()).unwrap_or_default();
     let mut resolved = ResolvedClaim {
-        pod_claim: pod_claim.clone(),
+        pod_claim: name.clone(),
         claim_name,
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         uid: claim.metadata.uid.clone().unwrap_or_default(),
         generation: claim.metadata.generation.unwrap_or(1),
-        from_template,
+        origin: pod_claim.origin,
         devices: Vec::new(),
     };
+    // Each result with its tree directory: its request, or for an extended
+    // resource each container that uses it (the claim's other requests
+    // belong to other resources).
+    let base = |r: &DeviceRequestAllocationResult| r.request.split('/').next().unwrap_or_default().to_string();
+    let placed: Vec<(String, &DeviceRequestAllocationResult)> = match &pod_claim.requests {
+        None => results.iter().map(|r| (base(r), r)).collect(),
+        Some(containers) => containers
+            .iter()
+            .flat_map(|(container, requests)| {
+                requests.iter().flat_map(move |request| {
+                    results.iter().filter(move |r| base(r) == *request).map(move |r| (container.clone(), r))
+                })
+            })
+            .collect(),
+    };
     let mut per_request: HashMap<String, usize> = HashMap::new();
-    for result in results {
-        let request = result.request.split('/').next().unwrap_or_default().to_string();
+    for (request, result) in placed {
         if !is_dns_label(&request) {
             out.missing.push(Missing::Invalid {
-                what: format!("claim {pod_claim}"),
+                what: subject(name),
                 problem: format!("allocation result request {:?} is not a DNS label", result.request),
             });
             continue;
@@ -517,7 +631,7 @@ fn resolve_claim(
         *slot += 1;
         if result.driver.is_empty() || result.pool.is_empty() || result.device.is_empty() {
             out.missing.push(Missing::Invalid {
-                what: format!("claim {pod_claim}"),
+                what: subject(name),
                 problem: format!("allocation result for request {:?} lacks driver, pool or device", result.request),
             });
             continue;
@@ -525,8 +639,11 @@ fn resolve_claim(
         match index.find(&result.driver, &result.pool, &result.device) {
             Ok(device) => {
                 let context = format!(
-                    "claim {pod_claim}, request {request}, device {position} ({}/{}/{})",
-                    result.driver, result.pool, result.device
+                    "{}, request {request}, device {position} ({}/{}/{})",
+                    subject(name),
+                    result.driver,
+                    result.pool,
+                    result.device
                 );
                 resolved.devices.push(resolve_device(
                     out,
@@ -539,7 +656,7 @@ fn resolve_claim(
                 ));
             }
             Err(detail) => out.missing.push(Missing::Device {
-                pod_claim: pod_claim.clone(),
+                pod_claim: name.clone(),
                 request,
                 index: position,
                 driver: result.driver.clone(),
@@ -724,7 +841,7 @@ status:
         assert!(res.is_complete(), "{:?}", res.missing);
         assert_eq!(res.claims.len(), 2);
         let gpu = &res.claims[0];
-        assert_eq!((gpu.pod_claim.as_str(), gpu.claim_name.as_str(), gpu.from_template), ("gpu", "p-gpu-abc", true));
+        assert_eq!((gpu.pod_claim.as_str(), gpu.claim_name.as_str(), gpu.from_template()), ("gpu", "p-gpu-abc", true));
         assert_eq!(gpu.devices.len(), 2);
         let d0 = &gpu.devices[0];
         assert_eq!(
@@ -744,7 +861,7 @@ status:
         assert!(res.warnings.iter().any(|w| w.contains("weird")), "{:?}", res.warnings);
 
         let nic = &res.claims[1];
-        assert!(!nic.from_template);
+        assert!(!nic.from_template());
         let status = nic.devices[0].status.as_ref().unwrap();
         assert_eq!(status.interface_name.as_deref(), Some("net1"));
         assert_eq!(status.ips, vec!["10.0.0.1/24", "fd00::1/64"]);
@@ -915,5 +1032,185 @@ status:
                 && message.contains("generation 2 is being published: 1 of 3"),
             "{message}"
         );
+    }
+    /// A pod that asks for extended resources backed by DRA: `setup` (init)
+    /// and `a` share request 0 (the scheduler lets `a` reuse it), `a` has one
+    /// more, `b` its own; `nic` is a second resource, by its implicit name.
+    const EXTENDED_POD: &str = r#"
+kind: Pod
+metadata: {name: p, namespace: ns, uid: u1}
+spec:
+  nodeName: n1
+  initContainers:
+  - {name: setup, resources: {limits: {gpu.example.com/gpu: 1}}}
+  containers:
+  - {name: a, resources: {limits: {gpu.example.com/gpu: 2, deviceclass.resource.kubernetes.io/nic.example.com: 1}}}
+  - {name: b, resources: {limits: {gpu.example.com/gpu: 1}}}
+status:
+  extendedResourceClaimStatus:
+    resourceClaimName: p-extended-resources-x1
+    requestMappings:
+    - {containerName: setup, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}
+    - {containerName: a, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}
+    - {containerName: a, resourceName: gpu.example.com/gpu, requestName: container-1-request-1}
+    - {containerName: a, resourceName: deviceclass.resource.kubernetes.io/nic.example.com, requestName: container-1-request-0}
+    - {containerName: b, resourceName: gpu.example.com/gpu, requestName: container-2-request-0}
+"#;
+
+    fn extended_fixture() -> String {
+        let mut text = EXTENDED_POD.to_string();
+        text += &claim(
+            "p-extended-resources-x1",
+            "[{request: container-0-request-0, driver: gpu.example.com, pool: n1, device: g0}, {request: container-1-request-1, driver: gpu.example.com, pool: n1, device: g1}, {request: container-1-request-0, driver: net.example.com, pool: n1, device: nic-0}, {request: container-2-request-0, driver: gpu.example.com, pool: n1, device: g2}]",
+            "",
+        );
+        text += &slice(
+            "g",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: g0, attributes: {uuid: {string: G0}}}, {name: g1, attributes: {uuid: {string: G1}}}, {name: g2, attributes: {uuid: {string: G2}}}]",
+        );
+        text += &slice(
+            "n",
+            "nodeName: n1",
+            "net.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: nic-0, attributes: {mac: {string: M}}}]",
+        );
+        text
+    }
+
+    fn tree_of(res: &Resolution) -> Vec<(String, String)> {
+        let built = crate::model::tree::build(res, &[]);
+        built
+            .tree
+            .files()
+            .filter(|(p, _)| p.ends_with("/uuid") || p.ends_with("/mac") || p.ends_with("/.request"))
+            .filter(|(p, _)| !p.contains(".example.com/uuid") && !p.contains(".example.com/mac"))
+            .map(|(p, c)| (p.to_string(), String::from_utf8_lossy(c).into_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn extended_resources_are_served_per_resource_and_container() {
+        let snap = snapshot(&extended_fixture());
+        let res = resolve(&snap, &Selection::default());
+        assert!(res.is_complete(), "{:?}", res.missing);
+        assert!(res.warnings.is_empty(), "{:?}", res.warnings);
+        assert_eq!(
+            claim_names(snap.pod.as_ref().unwrap(), &Selection::default()),
+            vec!["p-extended-resources-x1"],
+            "one claim to fetch for both resources"
+        );
+        let files = tree_of(&res);
+        let want = [
+            ("deviceclass.resource.kubernetes.io/nic.example.com/a/0/.request", "container-1-request-0"),
+            ("deviceclass.resource.kubernetes.io/nic.example.com/a/0/mac", "M"),
+            ("gpu.example.com/gpu/a/0/.request", "container-0-request-0"),
+            ("gpu.example.com/gpu/a/0/uuid", "G0"),
+            ("gpu.example.com/gpu/a/1/.request", "container-1-request-1"),
+            ("gpu.example.com/gpu/a/1/uuid", "G1"),
+            ("gpu.example.com/gpu/b/0/.request", "container-2-request-0"),
+            ("gpu.example.com/gpu/b/0/uuid", "G2"),
+            ("gpu.example.com/gpu/setup/0/.request", "container-0-request-0"),
+            ("gpu.example.com/gpu/setup/0/uuid", "G0"),
+        ];
+        let want: Vec<(String, String)> = want.iter().map(|(p, c)| (p.to_string(), c.to_string())).collect();
+        assert_eq!(files, want);
+        assert!(res.claims.iter().all(|c| c.origin == ClaimOrigin::ExtendedResource && !c.from_template()));
+    }
+
+    #[test]
+    fn extended_resources_in_the_standard_view_are_under_the_claims_own_requests() {
+        let res = resolve(&snapshot(&extended_fixture()), &Selection::default());
+        let mut warnings = Vec::new();
+        let view = crate::model::metadata::build(&res, &mut Default::default(), &mut warnings);
+        let paths: Vec<&str> = view.files().map(|(p, _)| p).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "resourceclaims/p-extended-resources-x1/container-0-request-0/gpu.example.com-metadata.json",
+                "resourceclaims/p-extended-resources-x1/container-1-request-0/net.example.com-metadata.json",
+                "resourceclaims/p-extended-resources-x1/container-1-request-1/gpu.example.com-metadata.json",
+                "resourceclaims/p-extended-resources-x1/container-2-request-0/gpu.example.com-metadata.json",
+            ]
+        );
+        let shared = String::from_utf8_lossy(view.files().next().unwrap().1).into_owned();
+        let first: serde_json::Value = serde_json::from_str(shared.lines().next().unwrap()).unwrap();
+        assert_eq!(
+            first["requests"][0]["devices"].as_array().unwrap().len(),
+            1,
+            "a shared request lists its device once"
+        );
+        assert!(first.get("podClaimName").is_none());
+    }
+
+    #[test]
+    fn extended_resources_wait_for_scheduling_and_say_when_dra_did_not_serve_them() {
+        let unscheduled = EXTENDED_POD.replace("  nodeName: n1\n", "");
+        let unscheduled = &unscheduled[..unscheduled.find("status:").unwrap()];
+        let res = resolve(&snapshot(unscheduled), &Selection::default());
+        assert_eq!(res.missing, vec![Missing::NotScheduled], "the scheduler has not chosen yet");
+        assert!(res.warnings.is_empty(), "{:?}", res.warnings);
+
+        // Scheduled without a status: a device plugin served them (or no DeviceClass names them).
+        let plugin = &EXTENDED_POD[..EXTENDED_POD.find("status:").unwrap()];
+        let res = resolve(&snapshot(plugin), &Selection::default());
+        assert!(res.is_complete(), "{:?}", res.missing);
+        assert!(
+            res.warnings.iter().any(|w| w.contains("none of its extended resources")
+                && w.contains("gpu.example.com/gpu")
+                && w.contains("device plugin")),
+            "{:?}",
+            res.warnings
+        );
+
+        // The status names a claim not created (or not seen) yet: waited for.
+        let res = resolve(&snapshot(EXTENDED_POD), &Selection::default());
+        assert!(
+            res.missing.iter().any(
+                |m| matches!(m, Missing::ClaimNotFound { claim_name, .. } if claim_name == "p-extended-resources-x1")
+            ),
+            "{:?}",
+            res.missing
+        );
+        assert!(res.missing.iter().all(|m| !m.is_permanent()));
+        assert!(res.missing[0].to_string().starts_with("extended resource "), "{}", res.missing[0]);
+    }
+
+    #[test]
+    fn extended_resources_are_selected_by_name() {
+        let snap = snapshot(&extended_fixture());
+        let res = resolve(&snap, &Selection { claims: vec!["gpu.example.com/gpu".into()] });
+        assert!(res.is_complete(), "{:?}", res.missing);
+        assert_eq!(res.claims.len(), 1);
+        assert_eq!(res.claims[0].pod_claim, "gpu.example.com/gpu");
+        let res = resolve(&snap, &Selection { claims: vec!["nvidia.com/gpu".into()] });
+        assert!(matches!(&res.missing[..], [m @ Missing::UnknownExtendedResource { .. }] if m.is_permanent()));
+        assert!(res.missing[0].to_string().contains("gpu.example.com/gpu"), "{}", res.missing[0]);
+        // Before scheduling the name may still come: waited for.
+        let unscheduled = EXTENDED_POD.replace("  nodeName: n1\n", "");
+        let unscheduled = &unscheduled[..unscheduled.find("status:").unwrap()];
+        let res = resolve(&snapshot(unscheduled), &Selection { claims: vec!["nvidia.com/gpu".into()] });
+        assert_eq!(res.missing, vec![Missing::NotScheduled]);
+    }
+
+    #[test]
+    fn a_hostile_extended_status_never_reaches_the_tree() {
+        let hostile = extended_fixture()
+            .replace("    requestMappings:\n", "    requestMappings:\n    - {containerName: ghost, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}\n    - {containerName: b, resourceName: '../../x', requestName: container-2-request-0}\n    - {containerName: b, resourceName: gpu.example.com/gpu, requestName: '../r'}\n");
+        let res = resolve(&snapshot(&hostile), &Selection::default());
+        assert_eq!(res.warnings.iter().filter(|w| w.contains("skipped")).count(), 3, "{:?}", res.warnings);
+        let built = crate::model::tree::build(&res, &[]);
+        assert!(built.tree.files().all(|(p, _)| !p.contains("ghost") && !p.contains("..")));
+        let bad_name =
+            extended_fixture().replace("resourceClaimName: p-extended-resources-x1", "resourceClaimName: '../etc'");
+        let res = resolve(&snapshot(&bad_name), &Selection::default());
+        assert!(res.missing.iter().any(|m| m.to_string().contains("not a ResourceClaim name")), "{:?}", res.missing);
     }
 }

@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use crate::model::names::is_data_key;
+use crate::model::names::{is_data_key, quoted};
 
 /// The deepest member path, in components under `data.d/` (`mig/uuid` is 2).
 pub const MAX_DEPTH: usize = 8;
@@ -71,7 +71,7 @@ impl Walk {
                 self.skip(format!(
                     "status data key {}{parent} skipped: not a safe file name (1 to 64 of A-Z a-z 0-9 _ . -, not \
                      starting with . or -)",
-                    shown(key)
+                    quoted(key)
                 ));
                 continue;
             }
@@ -145,15 +145,6 @@ fn kind(value: &Value) -> &'static str {
         Value::String(_) => "string",
         Value::Array(_) => "list",
         Value::Object(_) => "object",
-    }
-}
-
-/// A key for a warning: quoted and escaped, and cut short if long.
-fn shown(key: &str) -> String {
-    const MAX: usize = 64;
-    match key.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{:?}…", &key[..cut]),
-        None => format!("{key:?}"),
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::model::layout;
 use crate::model::names::QualifiedName;
-use crate::model::resolve::{Resolution, ResolvedClaim, ResolvedDevice};
+use crate::model::resolve::{ClaimOrigin, Resolution, ResolvedClaim, ResolvedDevice};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
 /// turn a file into a directory (or back).
@@ -21,7 +21,9 @@ pub enum TreeError {
     BadPath(String),
     #[error("path {0:?} conflicts with an existing file or directory")]
     Conflict(String),
-    #[error("--require {0:?} must be CLAIM/REQUEST/INDEX/ATTRIBUTE (e.g. gpu/gpu/0/uuid)")]
+    #[error(
+        "--require {0:?} must be CLAIM/REQUEST/INDEX/ATTRIBUTE (e.g. gpu/gpu/0/uuid) or, for an extended resource, DOMAIN/RESOURCE/CONTAINER/INDEX/ATTRIBUTE (e.g. gpu.example.com/gpu/app/0/uuid)"
+    )]
     BadRequire(String),
 }
 
@@ -102,7 +104,10 @@ impl Tree {
 }
 
 /// A `--require` path: `CLAIM/REQUEST/INDEX/ATTRIBUTE`, the attribute in any form
-/// the tree has (`uuid`, `gpu.nvidia.com/uuid`, `.status/interfaceName`).
+/// the tree has (`uuid`, `gpu.nvidia.com/uuid`, `.status/interfaceName`), or for
+/// an extended resource `DOMAIN/RESOURCE/CONTAINER/INDEX/ATTRIBUTE` (a claim
+/// name never has a dot, a resource's domain does or is followed by one more
+/// component).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequirePath(String);
 
@@ -111,7 +116,8 @@ impl std::str::FromStr for RequirePath {
     fn from_str(s: &str) -> Result<Self, TreeError> {
         let s = s.trim_matches('/');
         let parts: Vec<&str> = s.split('/').collect();
-        if parts.len() < 4 || !is_clean_relative(s) || parts[2].parse::<usize>().is_err() {
+        let index_at = |i: usize| parts.len() > i + 1 && parts[i].parse::<usize>().is_ok();
+        if !is_clean_relative(s) || !(index_at(2) || index_at(3)) {
             return Err(TreeError::BadRequire(s.into()));
         }
         Ok(RequirePath(s.to_string()))
@@ -230,12 +236,20 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
 }
 
 fn claim_record(claim: &ResolvedClaim) -> Value {
-    json!({
+    let mut record = json!({
         "name": claim.pod_claim,
         "resourceClaimName": claim.claim_name,
-        "fromTemplate": claim.from_template,
+        "fromTemplate": claim.from_template(),
         "devices": claim.devices.iter().map(device_record).collect::<Vec<_>>(),
-    })
+    });
+    if claim.origin == ClaimOrigin::ExtendedResource {
+        // `name` is the resource; each device's directory is its container.
+        record["extendedResource"] = json!(true);
+        for (device, entry) in claim.devices.iter().zip(record["devices"].as_array_mut().into_iter().flatten()) {
+            entry["container"] = json!(device.request);
+        }
+    }
+    record
 }
 
 /// A tree built from a resolution, with its readiness.
