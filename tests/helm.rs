@@ -261,26 +261,49 @@ fn install_upgrade_and_uninstall_keep_the_ca_and_remove_everything() {
     }
 }
 
-/// A pod with one claim (or none) and the given labels, for a server-side
-/// dry-run create: what the API server would store, after admission.
-fn pod(ns: &str, name: &str, labels: Value, claims: bool) -> Value {
+/// How a test pod asks for devices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Asks {
+    Nothing,
+    /// A resource claim.
+    Claim,
+    /// An extended resource a DeviceClass may back (KEP-5004), in an init container.
+    Extended,
+}
+
+/// A pod asking for devices as said, with the given labels, for a
+/// server-side dry-run create: what the API server would store, after admission.
+fn pod(ns: &str, name: &str, labels: Value, asks: Asks) -> Value {
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1",
+                                 "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]},
     });
-    if claims {
-        pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "gpu"}]);
-        pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    match asks {
+        Asks::Nothing => {}
+        Asks::Claim => {
+            pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "gpu"}]);
+            pod["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+        }
+        Asks::Extended => {
+            pod["spec"]["initContainers"] = json!([{"name": "warm-up", "image": "registry.example/app:1",
+                "resources": {"limits": {"gpu.example.com/gpu": "1"}}}]);
+        }
     }
     pod
+}
+
+/// The status of a server-side dry-run create of `pod`, and the answer's text.
+fn dry_run_create(cp: &ControlPlane, pod: &Value) -> (u16, String) {
+    let path = format!("/api/v1/namespaces/{}/pods?dryRun=All", pod["metadata"]["namespace"].as_str().unwrap());
+    cp.raw("POST", &path, Some(pod), "application/json").unwrap()
 }
 
 /// The drafs container the API server would store for `pod` (none: `None`),
 /// through a server-side dry-run create that runs the admission webhooks.
 fn drafs_container(cp: &ControlPlane, pod: &Value) -> Option<Value> {
-    let path = format!("/api/v1/namespaces/{}/pods?dryRun=All", pod["metadata"]["namespace"].as_str().unwrap());
-    let (code, text) = cp.raw("POST", &path, Some(pod), "application/json").unwrap();
+    let (code, text) = dry_run_create(cp, pod);
     assert!(code == 200 || code == 201, "HTTP {code}: {text}");
     let stored: Value = serde_json::from_str(&text).unwrap();
     stored["spec"]["initContainers"].as_array().into_iter().flatten().find(|c| c["name"] == "drafs").cloned()
@@ -329,23 +352,36 @@ fn namespace_and_pod_labels_choose_who_gets_drafs() {
     };
     // The API server picks a new configuration up asynchronously.
     wait_until("the webhook configuration to take effect", std::time::Duration::from_secs(30), || {
-        drafs_container(&cp, &pod("plain", "probe", json!({"drafs.dev/inject": "init"}), true)).is_some()
+        drafs_container(&cp, &pod("plain", "probe", json!({"drafs.dev/inject": "init"}), Asks::Claim)).is_some()
     });
     let cases = [
-        // (namespace, pod labels, claims, what the pod gets, reviews the API server asks for)
-        ("opted-in", json!({}), true, "sidecar", 1),
-        ("opted-in", json!({"drafs.dev/inject": "init"}), true, "init", 1),
-        ("opted-in", json!({"drafs.dev/inject": "disabled"}), true, "none", 0),
-        ("opted-in", json!({}), false, "none", 1),
-        ("plain", json!({}), true, "none", 0),
-        ("plain", json!({"drafs.dev/inject": "init"}), true, "init", 1),
-        ("plain", json!({"drafs.dev/inject": "disabled"}), true, "none", 1),
+        // (namespace, pod labels, devices, what the pod gets, reviews the API server asks for)
+        ("opted-in", json!({}), Asks::Claim, "sidecar", 1),
+        ("opted-in", json!({}), Asks::Extended, "sidecar", 1),
+        ("opted-in", json!({"drafs.dev/inject": "init"}), Asks::Claim, "init", 1),
+        ("opted-in", json!({"drafs.dev/inject": "disabled"}), Asks::Claim, "none", 0),
+        // Not even sent (matchConditions): a webhook outage cannot block it.
+        ("opted-in", json!({}), Asks::Nothing, "none", 0),
+        ("plain", json!({}), Asks::Claim, "none", 0),
+        ("plain", json!({"drafs.dev/inject": "init"}), Asks::Claim, "init", 1),
+        ("plain", json!({"drafs.dev/inject": "init"}), Asks::Extended, "init", 1),
+        ("plain", json!({"drafs.dev/inject": "disabled"}), Asks::Claim, "none", 1),
     ];
-    for (i, (ns, labels, claims, want, reviews)) in cases.iter().enumerate() {
+    for (i, (ns, labels, asks, want, reviews)) in cases.iter().enumerate() {
         let before = reviewed();
-        let got = drafs_container(&cp, &pod(ns, &format!("p{i}"), labels.clone(), *claims));
-        assert_eq!(mode(&got), *want, "namespace {ns}, labels {labels}, claims {claims}: {got:?}");
-        assert_eq!(reviewed() - before, *reviews, "reviews for namespace {ns}, labels {labels}, claims {claims}");
+        let got = drafs_container(&cp, &pod(ns, &format!("p{i}"), labels.clone(), *asks));
+        assert_eq!(mode(&got), *want, "namespace {ns}, labels {labels}, {asks:?}: {got:?}");
+        assert_eq!(reviewed() - before, *reviews, "reviews for namespace {ns}, labels {labels}, {asks:?}");
+    }
+
+    // The webhook is down (both replicas, a bad image, a NetworkPolicy): in the
+    // opted-in namespace only the pods that would have got drafs are refused.
+    drop(hook);
+    let (code, text) = dry_run_create(&cp, &pod("opted-in", "web", json!({}), Asks::Nothing));
+    assert!(code == 200 || code == 201, "a pod without devices is created: HTTP {code}: {text}");
+    for asks in [Asks::Claim, Asks::Extended] {
+        let (code, text) = dry_run_create(&cp, &pod("opted-in", "gpu", json!({}), asks));
+        assert!(code >= 400 && text.contains("namespaces.drafs.dev"), "{asks:?}: HTTP {code}: {text}");
     }
 }
 
@@ -396,7 +432,7 @@ fn helm_upgrade_leaves_running_pods_untouched_and_new_pods_get_the_new_image() {
     helm_ok(&cp, &install.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(injected_image(&deployment()), image_a);
 
-    let labelled = |name: &str| pod("ml", name, json!({"drafs.dev/inject": "init"}), true);
+    let labelled = |name: &str| pod("ml", name, json!({"drafs.dev/inject": "init"}), Asks::Claim);
     let image_of = |p: &Value| p["spec"]["initContainers"][0]["image"].as_str().map(String::from);
     // The API server picks a new configuration up asynchronously (until
     // then it may still call the stopped webhook: a refusal, tried again).

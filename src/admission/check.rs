@@ -361,7 +361,7 @@ pub fn namespace_injection(
             "injection",
             Status::Ok,
             format!(
-                "injected, mode {}: namespace {namespace} is labelled {} ({}); every pod with resource claims gets drafs unless labelled {INJECT_LABEL}=disabled, a pod's {INJECT_LABEL}=<mode> label chooses its mode",
+                "injected, mode {}: namespace {namespace} is labelled {} ({}); every pod that asks for devices (resource claims or extended resources) gets drafs unless labelled {INJECT_LABEL}=disabled, a pod's {INJECT_LABEL}=<mode> label chooses its mode",
                 mode.label(),
                 ns_label.unwrap_or_default(),
                 mode_source(mode, namespace_mode.is_some()),
@@ -376,7 +376,7 @@ pub fn namespace_injection(
             ),
             details,
         )
-        .with_fix(format!("kubectl label namespace {namespace} {INJECT_LABEL}=enabled (to inject every pod with resource claims)")),
+        .with_fix(format!("kubectl label namespace {namespace} {INJECT_LABEL}=enabled (to inject every pod that asks for devices)")),
         (false, false) => {
             let reasons = match labelled {
                 Injection::NotSent { reasons } => reasons.join("; "),
@@ -419,9 +419,11 @@ pub fn pod_injection(
     let labels = labels_of(pod);
     let outcome = injection(configurations, namespace_labels, &labels, mode);
     let has_claims = pod["spec"]["resourceClaims"].as_array().is_some_and(|c| !c.is_empty());
+    let asks_for_devices = inject::spec_asks_for_devices(&pod["spec"]);
     let label = labels.get(INJECT_LABEL);
     let mut details = json!({"injected": false, "mode": null, "entry": null, "podLabel": label,
-                             "namespaceLabel": namespace_labels.get(INJECT_LABEL), "resourceClaims": has_claims});
+                             "namespaceLabel": namespace_labels.get(INJECT_LABEL), "resourceClaims": has_claims,
+                             "asksForDevices": asks_for_devices});
     if let Injection::Sent { entry, .. } = &outcome {
         details["entry"] = json!(entry);
     }
@@ -447,9 +449,9 @@ pub fn pod_injection(
     let opted_out_message =
         || format!("not injected: the pod opted out with label {INJECT_LABEL}={}", decision::DISABLED);
     let (status, message) = match &outcome {
-        _ if !has_claims => (
+        _ if !asks_for_devices => (
             Status::Fail,
-            "not injected: the pod uses no resource claims (spec.resourceClaims), drafs is only added to pods that do"
+            "not injected: the pod asks for no device (no spec.resourceClaims, no extended resource in a container's resources), drafs is only added to pods that do"
                 .to_string(),
         ),
         _ if opted_out => (Status::Fail, opted_out_message()),
@@ -955,7 +957,13 @@ mod tests {
         let c = pod_injection(&configs, &opted, &pod(json!({INJECT_LABEL: "disabled"}), true, None), None);
         assert_eq!(c.message, "not injected: the pod opted out with label drafs.dev/inject=disabled");
         let c = check(&pod(json!({}), false, None));
-        assert!(c.message.contains("uses no resource claims"), "{}", c.message);
+        assert!(c.message.contains("asks for no device"), "{}", c.message);
+        // An extended resource (KEP-5004) is a device request too.
+        let mut extended = pod(json!({}), false, None);
+        extended["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+        let c = check(&extended);
+        assert!(c.message.contains("has no drafs.dev/inject label"), "{}", c.message);
+        assert_eq!(c.details["asksForDevices"], true);
         let c = check(&pod(json!({}), true, None));
         assert!(
             c.message

@@ -135,7 +135,8 @@ pub enum OptIn {
     Pod,
     /// The pod's namespace is labelled `drafs.dev/inject=enabled`
     /// (`POST /mutate/namespace`): a pod without the label gets this mode,
-    /// and one without resource claims is admitted unchanged, silently.
+    /// and one that asks for no device (no resource claim, no extended
+    /// resource) is admitted unchanged, silently.
     Namespace(Mode),
 }
 
@@ -234,11 +235,11 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
             "drafs runs as the pod's service account {account:?}, which needs drafs's RBAC (drafs manifests rbac --namespace NS --service-account {account}); its token stays mounted in every container"
         )],
         // Most pods of an opted-in namespace use no device: nothing to say.
-        Some(Outcome::NoClaims(_)) if label.is_none() => return Ok(allowed()),
-        Some(Outcome::NoClaims(_)) => {
+        Some(Outcome::NoDevices(_)) if label.is_none() => return Ok(allowed()),
+        Some(Outcome::NoDevices(_)) => {
             return Ok(Verdict::Allowed {
                 warnings: vec![format!(
-                    "label {INJECT_LABEL} is set but the pod has no resourceClaims: drafs not added"
+                    "label {INJECT_LABEL} is set but the pod has no resourceClaims and no extended resources: drafs not added"
                 )],
             });
         }
@@ -421,7 +422,7 @@ const POD_PARTS: &[(&str, Keep)] = &[
 const CONTAINER: Keep = Keep::Fields(&[
     ("name", Keep::Whole),
     ("volumeMounts", Keep::Items(&Keep::Whole)),
-    ("resources", Keep::Fields(&[("claims", Keep::Whole)])),
+    ("resources", Keep::Fields(&[("claims", Keep::Whole), ("limits", Keep::Whole), ("requests", Keep::Whole)])),
 ]);
 
 /// Marks an object built from a pod's object with only some of its members
@@ -1008,9 +1009,18 @@ mod tests {
             p["metadata"]["labels"].as_object_mut().unwrap().remove(INJECT_LABEL);
             p["spec"].as_object_mut().unwrap().remove("resourceClaims");
         });
-        let (response, verdict) = review(&request(no_claims), "drafs:test", namespace).unwrap();
+        let (response, verdict) = review(&request(no_claims.clone()), "drafs:test", namespace).unwrap();
         assert_eq!(verdict.label(), "allowed");
         assert!(response["response"]["warnings"].is_null(), "{response}");
+        // Asking for an extended resource (a DeviceClass may back it, KEP-5004) is asking for a device.
+        let mut extended = no_claims;
+        extended["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1", "cpu": "1"}});
+        let (response, verdict) = review(&request(extended.clone()), "drafs:test", namespace).unwrap();
+        assert_eq!(verdict.label(), "patched", "{response}");
+        let patched = apply(&extended, &decoded_patch(&response));
+        assert_eq!(patched, injected(&extended, &Options::new(Mode::SidecarFiles, "drafs:test")));
+        let mounts = patched["spec"]["containers"][0]["volumeMounts"].as_array().unwrap();
+        assert!(mounts.iter().any(|m| m["mountPath"] == "/dra"), "{mounts:?}");
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! `drafs inject`: add drafs to Pod and workload manifests.
 //!
-//! Pure: YAML documents in, YAML documents out. Only pod specs with DRA claims
-//! are changed; a pod spec that already has a `drafs` container is left alone,
-//! so injecting twice changes nothing.
+//! Pure: YAML documents in, YAML documents out. Only pod specs that ask for
+//! devices are changed: DRA claims, or extended resources (which a DeviceClass
+//! may back, KEP-5004: only the scheduler knows, once it chose a node, so
+//! every extended resource counts); a pod spec that already has a `drafs`
+//! container is left alone, so injecting twice changes nothing.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::model::extended::is_extended_resource;
 use crate::model::tree::RequirePath;
 
 mod yaml;
@@ -142,7 +145,7 @@ pub fn check_metadata_dir(metadata_dir: &str, dir: &str) -> Result<(), PathProbl
 
 /// Why a pod spec was not changed.
 enum Skip {
-    NoClaims,
+    NoDevices,
     Windows,
     MountPathTaken { container: String, volume: String, path: String },
 }
@@ -220,7 +223,7 @@ pub enum Outcome {
         account: String,
     },
     AlreadyInjected(String),
-    NoClaims(String),
+    NoDevices(String),
     NotAWorkload(String),
 }
 
@@ -341,8 +344,29 @@ struct Volumes {
     token: String,
 }
 
-fn uses_claims(container: &Value) -> bool {
+/// Whether a container asks for an extended resource (in its limits or requests).
+fn asks_for_extended_resources(container: &Value) -> bool {
+    ["limits", "requests"].iter().any(|key| {
+        container
+            .pointer(&format!("/resources/{key}"))
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.keys().any(|name| is_extended_resource(name)))
+    })
+}
+
+/// Whether a container asks for a device: a claim, or an extended resource.
+fn asks_for_devices(container: &Value) -> bool {
     container.pointer("/resources/claims").and_then(Value::as_array).is_some_and(|c| !c.is_empty())
+        || asks_for_extended_resources(container)
+}
+
+/// Whether a pod spec asks for devices: claims, or a container's extended resources.
+pub fn spec_asks_for_devices(spec: &Value) -> bool {
+    let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
+    has_claims
+        || ["initContainers", "containers"].iter().any(|k| {
+            spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(asks_for_extended_resources))
+        })
 }
 
 fn array<'a>(spec: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
@@ -414,9 +438,8 @@ fn remove_automounted_token(spec: &mut Value) {
 
 /// Inject into one pod spec.
 fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
-    let has_claims = spec.get("resourceClaims").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
-    if !has_claims {
-        return Err(Skip::NoClaims);
+    if !spec_asks_for_devices(spec) {
+        return Err(Skip::NoDevices);
     }
     let already = ["initContainers", "containers"]
         .iter()
@@ -478,7 +501,7 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     }
     for key in ["initContainers", "containers"] {
         if let Some(containers) = spec.get_mut(key).and_then(Value::as_array_mut) {
-            for c in containers.iter_mut().filter(|c| uses_claims(c)) {
+            for c in containers.iter_mut().filter(|c| asks_for_devices(c)) {
                 array(c, "volumeMounts").extend(app_mounts.iter().cloned());
             }
         }
@@ -531,7 +554,7 @@ pub fn inject_value(doc: &mut Value, opts: &Options, outcomes: &mut Vec<Outcome>
             Ok(Injected::Done) => Outcome::Injected(what),
             Ok(Injected::KeptAccount(account)) => Outcome::InjectedKeepingAccount { what, account },
             Ok(Injected::AlreadyThere) => Outcome::AlreadyInjected(what),
-            Err(Skip::NoClaims) => Outcome::NoClaims(what),
+            Err(Skip::NoDevices) => Outcome::NoDevices(what),
             Err(Skip::Windows) => return Err(InjectError::Windows { what }),
             Err(Skip::MountPathTaken { container, volume, path }) => {
                 return Err(InjectError::MountPathTaken { what, container, volume, path });
@@ -714,10 +737,33 @@ spec:
     }
 
     #[test]
+    fn containers_asking_for_extended_resources_get_the_tree() {
+        let input = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: inference}
+spec:
+  template:
+    spec:
+      containers:
+      - {name: trainer, image: t, resources: {limits: {nvidia.com/gpu: 1}}}
+      - {name: web, image: w, resources: {limits: {cpu: 1, memory: 1Gi, hugepages-2Mi: 1Gi}}}
+      - {name: nic, image: n, resources: {requests: {deviceclass.resource.kubernetes.io/nic.example.com: 1}}}
+"#;
+        let (out, outcomes) = inject(input, &opts(Mode::Init)).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Injected("Deployment inference".into())]);
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let containers = doc["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+        let mounted: Vec<bool> =
+            containers.iter().map(|c| c["volumeMounts"].as_array().is_some_and(|m| !m.is_empty())).collect();
+        assert_eq!(mounted, vec![true, false, true], "only the containers that asked for a device");
+    }
+
+    #[test]
     fn pods_without_claims_are_unchanged() {
         let input = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: a}]}\n";
         let (out, outcomes) = inject(input, &opts(Mode::Init)).unwrap();
-        assert_eq!(outcomes, vec![Outcome::NoClaims("Pod p".into())]);
+        assert_eq!(outcomes, vec![Outcome::NoDevices("Pod p".into())]);
         let (round, _) = inject(&out, &opts(Mode::Init)).unwrap();
         assert_eq!(out, round);
         assert!(!out.contains("drafs"));

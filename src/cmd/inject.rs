@@ -61,7 +61,9 @@ pub fn run(c: &Config) -> Result<(), Failure> {
                     "{what}: drafs added; the pod keeps its service account {account:?}, which needs drafs's RBAC (drafs manifests rbac --namespace NS --service-account {account}), and its token stays mounted in every container"
                 ),
                 inject::Outcome::AlreadyInjected(what) => info!("{what}: already has drafs, unchanged"),
-                inject::Outcome::NoClaims(what) => warn!("{what}: no resourceClaims, unchanged"),
+                inject::Outcome::NoDevices(what) => {
+                    warn!("{what}: no resourceClaims and no extended resources, unchanged")
+                }
                 inject::Outcome::NotAWorkload(_) => {}
             }
         }
