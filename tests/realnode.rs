@@ -684,3 +684,155 @@ fn two_pods_sharing_a_gpu_by_memory_each_read_their_share() {
     }
     assert_ne!(shares[0], shares[1], "two allocations of one device, two shares");
 }
+
+/// A pod that asks for one `resource` in each of `containers` the
+/// device-plugin way (`resources.limits`, no claim), at the `restricted`
+/// level; each container prints the uuid drafs serves for it at
+/// `/dra/<resource>/<container>/0/uuid`, then sleeps.
+fn extended_pod(ns: &str, name: &str, resource: &str, containers: &[&str]) -> String {
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c, "image": SHELL_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", format!("echo \"uuid=$(cat /dra/{resource}/{c}/0/uuid)\"; exec sleep 3600")],
+                "resources": {"limits": {resource: "1"}},
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": containers,
+        },
+    })
+    .to_string()
+}
+
+/// The device the scheduler gave `container` for its extended resource: the
+/// generated claim from the pod's status, the container's request in it, the
+/// result for that request. (claim, request, driver, device)
+fn extended_device(node: &Node, ns: &str, pod: &Value, container: &str) -> (String, String, String, String) {
+    let status = &pod["status"]["extendedResourceClaimStatus"];
+    let claim_name = status["resourceClaimName"].as_str().unwrap_or_else(|| panic!("no claim: {}", pod["status"]));
+    let mapping = status["requestMappings"].as_array().unwrap().iter().find(|m| m["containerName"] == container);
+    let request = mapping.unwrap_or_else(|| panic!("{container} has no mapping: {status}"))["requestName"].clone();
+    let claim = node.get_json(&["resourceclaim", "-n", ns, claim_name]).expect("the generated claim");
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap();
+    let result = results.iter().find(|r| r["request"] == request).expect("a result for the request");
+    let text = |v: &Value| v.as_str().unwrap().to_string();
+    (claim_name.to_string(), text(&request), text(&result["driver"]), text(&result["device"]))
+}
+
+/// Extended resources backed by DRA (KEP-5004), through the real scheduler:
+/// no claim in the pod, the scheduler makes one. drafs serves the device at
+/// `<resource>/<container>/0/` in each mode, to each of two containers their
+/// own, and its standard view never keeps the app of a driver that writes
+/// its own metadata from starting (the runtime mounts the driver's file on
+/// the directories drafs made).
+#[test]
+fn extended_resources_reach_each_container_in_every_mode() {
+    let Some(node) = node::shared() else { return };
+    let ns = "extended";
+    node.namespace(ns, Some("privileged"));
+    let view = ["--metadata-dir", "/var/run/kubernetes.io/dra-device-attributes"];
+    let modes = [("init", "ext-init"), ("sidecar-files", "ext-files"), ("sidecar-fuse", "ext-fuse")];
+    for (mode, pod) in modes {
+        let args = [&["--mode", mode, "--require", "nvidia.com/gpu/app/0/uuid"][..], &view[..]].concat();
+        node.kubectl_apply(&inject(&extended_pod(ns, pod, node::GPU_RESOURCE, &["app"]), &args));
+    }
+    node.kubectl_apply(&inject(&extended_pod(ns, "pair", node::GPU_RESOURCE, &["left", "right"]), &["--mode", "init"]));
+    // The NIC driver writes its own KEP-5304 file, which the runtime mounts
+    // at resourceclaims/<generated claim>/<request>/: drafs's view is on.
+    node.kubectl_apply(&inject(
+        &extended_pod(ns, "nic", node::NIC_RESOURCE, &["app"]).replace("/0/uuid", "/0/ifName"),
+        &[&["--mode", "sidecar-files"][..], &view[..]].concat(),
+    ));
+
+    for (mode, pod) in modes {
+        let running = node.wait_running(ns, pod);
+        assert!(running["spec"]["resourceClaims"].is_null(), "{mode}: the pod has no claim of its own");
+        let (claim, request, driver, device) = extended_device(node, ns, &running, "app");
+        assert_eq!(driver, GPU_DRIVER);
+        let uuid = node.slice_attribute(&driver, &device, "uuid");
+        assert_eq!(log_line(node, ns, pod, "app", "uuid="), format!("uuid={uuid}"), "{mode}");
+        assert_eq!(node.exec(ns, pod, "app", &["cat", "/dra/nvidia.com/gpu/app/0/.request"]), request, "{mode}");
+        let files = standard_view(node, ns, pod);
+        let paths: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, vec![format!("/resourceclaims/{claim}/{request}/{GPU_DRIVER}-metadata.json")], "{mode}");
+        assert_eq!(metadata_attributes(&files[0].1)[0]["uuid"]["string"], uuid.as_str(), "{mode}");
+    }
+
+    let running = node.wait_running(ns, "pair");
+    let mut seen = Vec::new();
+    for container in ["left", "right"] {
+        let (_, _, driver, device) = extended_device(node, ns, &running, container);
+        let uuid = node.slice_attribute(&driver, &device, "uuid");
+        assert_eq!(log_line(node, ns, "pair", container, "uuid="), format!("uuid={uuid}"), "{container}");
+        seen.push(uuid);
+    }
+    assert_ne!(seen[0], seen[1], "each container reads its own GPU");
+
+    let running = node.wait_running(ns, "nic");
+    let (claim, request, driver, device) = extended_device(node, ns, &running, "app");
+    assert_eq!(driver, NIC_DRIVER);
+    let if_name = node.slice_attribute(&driver, &device, "ifName");
+    assert_eq!(log_line(node, ns, "nic", "app", "uuid="), format!("uuid={if_name}"));
+    let files = standard_view(node, ns, "nic");
+    let paths: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, vec![format!("/resourceclaims/{claim}/{request}/{NIC_DRIVER}-metadata.json")]);
+    let attributes = metadata_attributes(&files[0].1);
+    assert_eq!(attributes.len(), 1, "exactly one valid file: {}", files[0].1);
+}
+
+/// A namespace opted in to the webhook: an unlabelled pod that asks for an
+/// extended resource gets drafs like a pod with a claim, and a pod that asks
+/// for no device is never sent (so a webhook outage cannot block it).
+#[test]
+fn an_opted_in_namespace_gives_drafs_to_extended_resource_pods() {
+    let Some(node) = node::shared() else { return };
+    let ns = "extended-hook";
+    node.namespace(ns, Some("restricted"));
+    node.kubectl_ok(&["label", "namespace", ns, "drafs.dev/inject=enabled"]);
+    let certs = tempfile::tempdir().unwrap();
+    let (mut hook, metrics) = start_webhook(node, certs.path());
+    let pod = extended_pod(ns, "gpu", node::GPU_RESOURCE, &["app"]);
+    let picked_up = wait_for(Duration::from_secs(30), || {
+        let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&pod));
+        out.status.success() && stdout(&out).contains("\"name\": \"drafs\"")
+    });
+    assert!(
+        picked_up,
+        "the webhook never injected:\n{}",
+        std::fs::read_to_string(node.work().join("webhook.log")).unwrap_or_default()
+    );
+    node.kubectl_apply(&pod);
+    let running = node.wait_running(ns, "gpu");
+    assert_eq!(running["spec"]["initContainers"][0]["name"], "drafs");
+    let (_, _, driver, device) = extended_device(node, ns, &running, "app");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    assert_eq!(log_line(node, ns, "gpu", "app", "uuid="), format!("uuid={uuid}"));
+
+    // A pod without devices is not sent, and with the webhook down is still created.
+    let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": ns},
+        "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{"name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                   "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}})
+    .to_string();
+    let before = reviews(node, &metrics);
+    let out = node.kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], Some(&plain));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(reviews(node, &metrics), before, "a pod without devices was sent to the webhook");
+    let _ = hook.kill();
+    let _ = hook.wait();
+    let out = node.kubectl_stdin(&["create", "-f", "-"], Some(&plain));
+    assert!(out.status.success(), "the webhook's outage blocked a pod without devices: {}", stderr(&out));
+    let refused =
+        node.kubectl_stdin(&["create", "-f", "-"], Some(&extended_pod(ns, "gpu-2", node::GPU_RESOURCE, &["app"])));
+    assert!(!refused.status.success(), "a device pod started without drafs while the webhook was down");
+    assert!(stderr(&refused).contains("namespaces.drafs.dev"), "{}", stderr(&refused));
+}

@@ -175,6 +175,8 @@ mod tests {
             consumed: Default::default(),
             status: None,
             health: None,
+            admin_access: false,
+            taints: Vec::new(),
         }
     }
 

@@ -14,6 +14,10 @@ pub const DEVICE: &str = ".device";
 pub const REQUEST: &str = ".request";
 /// Only for shared (consumable capacity) allocations.
 pub const SHARE_ID: &str = ".shareID";
+/// `true`, only for a device allocated with admin access (`adminAccess: true`).
+pub const ADMIN_ACCESS: &str = ".adminAccess";
+/// The device's taints from its slice (`key=value:effect`, joined with `,`); absent when it has none.
+pub const TAINTS: &str = ".taints";
 /// Capacity quantities live under this directory of a device.
 pub const CAPACITY_DIR: &str = ".capacity";
 /// The share of the capacity a shared allocation consumed, named like `.capacity`.

@@ -137,6 +137,30 @@ pub struct ResolvedDevice {
     pub status: Option<DeviceStatus>,
     /// The health the kubelet reports in the pod's status (KEP-4680), if any.
     pub health: Option<Health>,
+    /// Allocated with `adminAccess: true` (a monitoring pod's access to a
+    /// device that other pods may use at the same time).
+    pub admin_access: bool,
+    /// The taints the driver or an admin put on the device in its slice (KEP-5055).
+    pub taints: Vec<Taint>,
+}
+
+/// A device taint as its ResourceSlice publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Taint {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+impl Taint {
+    /// `key=value:effect`, or `key:effect`, as `kubectl` writes a node's taints.
+    pub fn to_text(&self) -> String {
+        match &self.value {
+            Some(value) => format!("{}={value}:{}", self.key, self.effect),
+            None => format!("{}:{}", self.key, self.effect),
+        }
+    }
 }
 
 /// How the pod got a claim.
@@ -732,6 +756,17 @@ fn resolve_device(
         consumed,
         status,
         health: None,
+        admin_access: result.admin_access == Some(true),
+        taints: device
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| Taint {
+                key: t.key.clone(),
+                value: t.value.clone().filter(|v| !v.is_empty()),
+                effect: t.effect.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -1212,5 +1247,34 @@ status:
             extended_fixture().replace("resourceClaimName: p-extended-resources-x1", "resourceClaimName: '../etc'");
         let res = resolve(&snapshot(&bad_name), &Selection::default());
         assert!(res.missing.iter().any(|m| m.to_string().contains("not a ResourceClaim name")), "{:?}", res.missing);
+    }
+    #[test]
+    fn admin_access_and_device_taints_are_served_per_device() {
+        let mut text = POD.to_string();
+        text += &claim(
+            "p-gpu-abc",
+            "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0, adminAccess: true}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
+            "",
+        );
+        text += &slice(
+            "s",
+            "nodeName: n1",
+            "gpu.example.com",
+            "n1",
+            1,
+            1,
+            "[{name: g0, taints: [{key: example.com/overheated, value: 'true', effect: NoSchedule}, {key: maintenance, effect: None}]}, {name: g1}]",
+        );
+        let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+        assert!(res.is_complete(), "{:?}", res.missing);
+        let built = crate::model::tree::build(&res, &[]);
+        let file = |p: &str| built.tree.get(p).map(|c| String::from_utf8_lossy(c).into_owned());
+        assert_eq!(file("gpu/gpu/0/.adminAccess").as_deref(), Some("true"));
+        assert_eq!(file("gpu/gpu/0/.taints").as_deref(), Some("example.com/overheated=true:NoSchedule,maintenance:None"));
+        assert_eq!(file("gpu/gpu/1/.adminAccess"), None, "only admin-access allocations are marked");
+        assert_eq!(file("gpu/gpu/1/.taints"), None, "no taints, no file");
+        let record: serde_json::Value = serde_json::from_str(&file("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert_eq!(record["adminAccess"], true);
+        assert_eq!(record["taints"][1], serde_json::json!({"key": "maintenance", "effect": "None"}));
     }
 }

@@ -162,6 +162,13 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
     if let Some(share) = &device.share_id {
         out.push((layout::SHARE_ID.to_string(), Identity, share.clone()));
     }
+    if device.admin_access {
+        out.push((layout::ADMIN_ACCESS.to_string(), Identity, "true".to_string()));
+    }
+    if !device.taints.is_empty() {
+        let text = device.taints.iter().map(|t| t.to_text()).collect::<Vec<_>>().join(",");
+        out.push((layout::TAINTS.to_string(), Health, text));
+    }
     for (name, attr) in &device.attributes {
         out.push((name.to_string(), Attribute, attr.value.to_text()));
         if name.domain == device.driver {
@@ -222,6 +229,12 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
     });
     if let Some(share) = &device.share_id {
         record["shareID"] = json!(share);
+    }
+    if device.admin_access {
+        record["adminAccess"] = json!(true);
+    }
+    if !device.taints.is_empty() {
+        record["taints"] = serde_json::to_value(&device.taints).unwrap_or(Value::Null);
     }
     if !device.consumed.is_empty() {
         record["consumedCapacity"] = Value::Object(quantities(&device.consumed));

@@ -493,23 +493,31 @@ impl Node {
     }
 }
 
+/// The extended resources (KEP-5004) that the node's whole-device classes
+/// back: a pod asking `resources.limits: {nvidia.com/gpu: 1}` gets a GPU by DRA.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub const NIC_RESOURCE: &str = "dra.net/nic";
+
 /// The device classes the examples ask for, on the node's drivers (whole
 /// devices), and `shared.gpu.nvidia.com` for the GPU shared by memory.
 fn device_classes() -> String {
     [
-        ("gpu.nvidia.com", GPU_DRIVER, false),
-        ("vfio.gpu.nvidia.com", GPU_DRIVER, false),
-        ("dra.net", NIC_DRIVER, false),
-        ("shared.gpu.nvidia.com", GPU_DRIVER, true),
+        ("gpu.nvidia.com", GPU_DRIVER, false, Some(GPU_RESOURCE)),
+        ("vfio.gpu.nvidia.com", GPU_DRIVER, false, None),
+        ("dra.net", NIC_DRIVER, false, Some(NIC_RESOURCE)),
+        ("shared.gpu.nvidia.com", GPU_DRIVER, true, None),
     ]
     .iter()
-    .map(|(class, driver, shared)| {
+    .map(|(class, driver, shared, extended)| {
         let expression = format!("device.driver == \"{driver}\" && device.allowMultipleAllocations == {shared}");
-        json!({
+        let mut class = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class},
             "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        })
-        .to_string()
+        });
+        if let Some(name) = extended {
+            class["spec"]["extendedResourceName"] = json!(name);
+        }
+        class.to_string()
     })
     .collect::<Vec<_>>()
     .join("\n---\n")
