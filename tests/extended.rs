@@ -1,7 +1,9 @@
-//! Extended resources backed by DRA (KEP-5004): a pod that asks
-//! `resources.limits: {nvidia.com/gpu: 1}` and has no `spec.resourceClaims`,
-//! served at `<resource>/<container>/<index>/` by `init`, `get`, `exec` and
-//! `serve`, against the test API server.
+//! The ways Kubernetes 1.37 gives a pod a device besides its own claims,
+//! against the test API server: extended resources backed by DRA (KEP-5004:
+//! a pod that asks `resources.limits: {nvidia.com/gpu: 1}` and has no
+//! `spec.resourceClaims`, served at `<resource>/<container>/<index>/` by
+//! `init`, `get`, `exec` and `serve`), admin access, device taints, and a
+//! claim shared by two pods.
 
 mod support;
 
@@ -221,4 +223,56 @@ fn serve_follows_an_extended_resources_device_live() {
     assert_eq!(serve.read("nvidia.com/gpu/trainer/0/uuid"), None);
     serve.signal(libc::SIGTERM);
     assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+/// A device taint (KEP-5055) put on the device in its slice, or taken off,
+/// shows in `.taints` live, like health; an admin-access allocation is marked.
+#[test]
+fn device_taints_follow_the_slice_live_and_admin_access_is_marked() {
+    let (api, env) = extended();
+    let mut claim = api.get("ResourceClaim", NS, CLAIM).unwrap();
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = json!(true);
+    api.apply(claim);
+    let dir = env.path("files");
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    assert_eq!(serve.read("nvidia.com/gpu/trainer/0/.adminAccess").as_deref(), Some("true"));
+    assert_eq!(serve.read("nvidia.com/gpu/evaluator/0/.adminAccess"), None);
+    assert_eq!(serve.read("nvidia.com/gpu/trainer/0/.taints"), None);
+    let slice_name = "gpu-node-7-gpu.nvidia.com-k2m9x";
+    let mut slice = api.get("ResourceSlice", "", slice_name).unwrap();
+    slice["spec"]["devices"][0]["taints"] = json!([
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"},
+        {"key": "maintenance", "effect": "NoSchedule"},
+    ]);
+    api.apply(slice.clone());
+    serve.wait_for(
+        "nvidia.com/gpu/trainer/0/.taints",
+        Some("gpu.nvidia.com/xid=79:NoExecute,maintenance:NoSchedule"),
+        LIMIT,
+    );
+    let record: Value = serde_json::from_str(&serve.read("nvidia.com/gpu/trainer/0/.json").unwrap()).unwrap();
+    assert_eq!(record["taints"][0], json!({"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}));
+    assert_eq!(record["adminAccess"], true);
+    slice["spec"]["devices"][0].as_object_mut().unwrap().remove("taints");
+    api.apply(slice);
+    serve.wait_for("nvidia.com/gpu/trainer/0/.taints", None, LIMIT);
+    serve.signal(libc::SIGTERM);
+    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+}
+
+/// A claim several pods share (one ResourceClaim named by two pods): each
+/// pod's drafs serves the same device under its own claim name.
+#[test]
+fn a_claim_shared_by_two_pods_is_served_to_each() {
+    let api = api_for("ml");
+    api.apply(pod("ml", "a", "n1", &[("gpu", Ok("shared-gpu"))], &[]));
+    api.apply(pod("ml", "b", "n1", &[("accel", Ok("shared-gpu"))], &[]));
+    api.apply(claim("ml", "shared-gpu", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
+    api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": "SHARED"}}))]));
+    for (pod, path) in [("a", "gpu/gpu/0/uuid"), ("b", "accel/gpu/0/uuid")] {
+        let env = Env::new(&api, "ml", pod, TOKEN);
+        let out = env.run(&["init", "--dir", env.path("dra").to_str().unwrap()], LIMIT);
+        assert_ok(&out);
+        assert_eq!(read_tree(&env.path("dra"))[path], "SHARED", "{pod}");
+    }
 }

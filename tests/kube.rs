@@ -1183,3 +1183,71 @@ fn a_serving_certificate_renewed_from_the_same_ca_refuses_no_pod() {
     );
     assert!(done > 0, "no review was sent during the renewals");
 }
+
+/// Extended resources backed by DRA (KEP-5004, GA in 1.37): the pod names no
+/// claim; the scheduler's claim and the pod's `extendedResourceClaimStatus`,
+/// written through the status subresources, are kept by the real API server
+/// and served at `<resource>/<container>/<index>/`, with the standard view
+/// under `resourceclaims/` that the upstream decoder reads.
+#[test]
+fn extended_resource_claims_written_as_the_scheduler_writes_them() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/offline/extended-gpu.yaml"));
+    sc.create_all();
+    let stored = cp.get(&sc.pod()).unwrap();
+    assert_eq!(
+        stored["status"]["extendedResourceClaimStatus"]["requestMappings"][1]["containerName"], "evaluator",
+        "the API server kept the status: {}",
+        stored["status"]
+    );
+    let (dir, meta) = init_in_pod(&sc);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["nvidia.com/gpu/trainer/0/uuid"], "GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b");
+    assert_eq!(tree["nvidia.com/gpu/evaluator/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+}
+
+/// The other shapes of 1.37, as the real API server keeps them: an
+/// admin-access allocation (allowed only in a namespace labelled for it), a
+/// device tainted in its slice (KEP-5055), and a claim reserved for a
+/// PodGroup rather than the pod (KEP-5729; the pod's status still names the
+/// claim, which is all drafs reads).
+#[test]
+fn admin_access_device_taints_and_a_claim_reserved_for_a_pod_group() {
+    let Some(cp) = controlplane::shared() else { return };
+    let mut sc = Scenario::from_fixture(cp, &read("examples/offline/gpu-training.yaml"));
+    for doc in sc.docs.iter_mut() {
+        match doc["kind"].as_str() {
+            Some("ResourceClaim") => {
+                doc["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = json!(true);
+                doc["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = json!(true);
+            }
+            Some("ResourceSlice") if doc["spec"]["pool"]["generation"] == 2 => {
+                doc["spec"]["devices"][1]["taints"] =
+                    json!([{"key": "example.com/overheated", "value": "true", "effect": "NoSchedule"}]);
+            }
+            _ => {}
+        }
+    }
+    // Admin access is allowed only in namespaces labelled for it.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": sc.namespace,
+        "labels": {"resource.kubernetes.io/admin-access": "true"}}}));
+    sc.create_unallocated();
+    let claim = sc.of_kind("ResourceClaim").remove(0);
+    let mut status = claim["status"].clone();
+    status["reservedFor"] = json!([{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers",
+        "uid": "4b3c2d1e-0f9a-4b8c-9d7e-6f5a4b3c2d1e"}]);
+    cp.patch_status(&claim, &status);
+    sc.write_pod_status();
+    sc.publish_slices();
+    let stored = cp.get(&claim).unwrap();
+    assert_eq!(stored["status"]["reservedFor"][0]["resource"], "podgroups", "{}", stored["status"]);
+    assert_eq!(stored["status"]["allocation"]["devices"]["results"][0]["adminAccess"], true, "{}", stored["status"]);
+
+    let (dir, meta) = init_in_pod(&sc);
+    let tree = read_tree(&dir);
+    assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
+    assert_eq!(tree["gpu/gpu/0/.adminAccess"], "true");
+    assert_eq!(tree["gpu/gpu/0/.taints"], "example.com/overheated=true:NoSchedule");
+    assert_upstream_decodes(cp, &meta, &dir.join(".json"));
+}

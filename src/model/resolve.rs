@@ -1270,7 +1270,10 @@ status:
         let built = crate::model::tree::build(&res, &[]);
         let file = |p: &str| built.tree.get(p).map(|c| String::from_utf8_lossy(c).into_owned());
         assert_eq!(file("gpu/gpu/0/.adminAccess").as_deref(), Some("true"));
-        assert_eq!(file("gpu/gpu/0/.taints").as_deref(), Some("example.com/overheated=true:NoSchedule,maintenance:None"));
+        assert_eq!(
+            file("gpu/gpu/0/.taints").as_deref(),
+            Some("example.com/overheated=true:NoSchedule,maintenance:None")
+        );
         assert_eq!(file("gpu/gpu/1/.adminAccess"), None, "only admin-access allocations are marked");
         assert_eq!(file("gpu/gpu/1/.taints"), None, "no taints, no file");
         let record: serde_json::Value = serde_json::from_str(&file("gpu/gpu/0/.json").unwrap()).unwrap();

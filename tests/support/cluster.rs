@@ -197,10 +197,14 @@ impl<'a> Scenario<'a> {
         self.cp.patch_status(claim, &status);
     }
 
+    /// The claims the pod's status names: from templates (the resourceclaim
+    /// controller), for extended resources (the scheduler, KEP-5004).
     pub fn write_pod_status(&self) {
         let pod = self.pod();
-        if !pod["status"]["resourceClaimStatuses"].is_null() {
-            self.cp.patch_status(&pod, &json!({"resourceClaimStatuses": pod["status"]["resourceClaimStatuses"]}));
+        for field in ["resourceClaimStatuses", "extendedResourceClaimStatus"] {
+            if !pod["status"][field].is_null() {
+                self.cp.patch_status(&pod, &json!({field: pod["status"][field]}));
+            }
         }
     }
 
