@@ -97,8 +97,10 @@ pub enum PathProblem {
     NotClean,
     #[error("is longer than 1024 bytes")]
     TooLong,
-    #[error("is where the service-account token is mounted")]
+    #[error("is where the service-account token is mounted (/var/run is /run in most images)")]
     TokenPath,
+    #[error("is {0} or below it, which the kernel or the container runtime provides")]
+    SystemPath(&'static str),
     #[error("overlaps the tree's directory {0}")]
     OverlapsTree(String),
 }
@@ -122,11 +124,31 @@ pub fn check_container_path(path: &str) -> Result<(), PathProblem> {
     if !clean {
         return Err(PathProblem::NotClean);
     }
-    if within(TOKEN_PATH, trimmed) || within(trimmed, TOKEN_PATH) {
-        return Err(PathProblem::TokenPath);
+    // /var/run is a link to /run in most images: the same directory by another name.
+    let aliases = [
+        trimmed.to_string(),
+        match trimmed.strip_prefix("/run") {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("/var/run{rest}"),
+            _ => trimmed.to_string(),
+        },
+    ];
+    for path in &aliases {
+        if within(TOKEN_PATH, path) || within(path, TOKEN_PATH) {
+            return Err(PathProblem::TokenPath);
+        }
+    }
+    for system in SYSTEM_PATHS {
+        if within(trimmed, system) {
+            return Err(PathProblem::SystemPath(system));
+        }
     }
     Ok(())
 }
+
+/// Directories a mount must not hide: the kernel's (`/proc`, `/sys`), the
+/// runtime's device nodes and the files the kubelet writes (`/dev`, `/etc`:
+/// hosts, resolv.conf, hostname).
+const SYSTEM_PATHS: [&str; 4] = ["/proc", "/sys", "/dev", "/etc"];
 
 /// Whether `inner` is `outer` or below it.
 fn within(inner: &str, outer: &str) -> bool {
@@ -734,6 +756,27 @@ spec:
         let linux = DEPLOYMENT.replace("      containers:\n", "      os: {name: linux}\n      containers:\n");
         let (_, outcomes) = inject(&linux, &opts(Mode::Init)).unwrap();
         assert_eq!(outcomes, vec![Outcome::Injected("Deployment trainer".into())]);
+    }
+
+    #[test]
+    fn mount_paths_are_checked_against_aliases_and_system_directories() {
+        for (path, problem) in [
+            ("/var/run", PathProblem::TokenPath),
+            ("/run/secrets/kubernetes.io/serviceaccount", PathProblem::TokenPath),
+            ("/run/secrets", PathProblem::TokenPath),
+            ("/run", PathProblem::TokenPath),
+            ("/proc/dra", PathProblem::SystemPath("/proc")),
+            ("/dev", PathProblem::SystemPath("/dev")),
+            ("/etc/dra/", PathProblem::SystemPath("/etc")),
+            ("/sys/fs/dra", PathProblem::SystemPath("/sys")),
+        ] {
+            assert_eq!(check_container_path(path), Err(problem), "{path}");
+        }
+        for fine in
+            ["/dra", "/run/dra", "/var/run/kubernetes.io/dra-device-attributes", "/etcetera", "/devices", "/runner"]
+        {
+            assert_eq!(check_container_path(fine), Ok(()), "{fine}");
+        }
     }
 
     #[test]
