@@ -359,3 +359,118 @@ fn check_reads_the_mode_of_the_charts_webhook_and_reaches_its_service_through_a_
     assert_eq!(webhook["details"]["certificate"]["verified"], true, "{webhook:#}");
     assert!(webhook["details"]["certificate"]["daysLeft"].as_i64().unwrap() > 300, "{webhook:#}");
 }
+
+/// A stand-in for an API server whose service proxy answers a webhook's
+/// `/healthz` with HTTP 500 and a chunked body of `limit` bytes (as good as
+/// endless), and every other request with a 404 Status: plain HTTP on
+/// loopback, one request per connection. Returns its port.
+fn endless_proxy_server(limit: usize) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    return;
+                }
+                let mut header = String::new();
+                while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                    header.clear();
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or_default().to_string();
+                let mut out = stream;
+                if path.starts_with("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations") {
+                    let entry = |name: &str, path: &str| {
+                        json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                               "clientConfig": {"service": {"namespace": "drafs-system", "name": "drafs-webhook", "path": path, "port": 443}}})
+                    };
+                    let body = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfigurationList",
+                        "metadata": {}, "items": [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                        "metadata": {"name": "drafs"}, "webhooks": [entry("pods.drafs.dev", "/mutate"), entry("namespaces.drafs.dev", "/mutate/namespace")]}]})
+                    .to_string();
+                    let _ = write!(
+                        out,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                } else if path.contains("/proxy/healthz") {
+                    let _ = write!(
+                        out,
+                        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                    );
+                    let chunk = vec![b'x'; 1 << 16];
+                    let mut sent = 0;
+                    while sent < limit {
+                        if write!(out, "{:x}\r\n", chunk.len())
+                            .and_then(|()| out.write_all(&chunk))
+                            .and_then(|()| out.write_all(b"\r\n"))
+                            .is_err()
+                        {
+                            return;
+                        }
+                        sent += chunk.len();
+                    }
+                    let _ = out.write_all(b"0\r\n\r\n");
+                } else {
+                    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "not found", "reason": "NotFound", "code": 404}).to_string();
+                    let _ = write!(
+                        out,
+                        "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The webhook's `/healthz` read through the service proxy is cut at a few
+/// KiB: an endless body (a broken webhook, a hostile endpoint) cost `check`
+/// its whole memory before (3.2 GB in 4 s).
+#[test]
+fn check_reads_a_bounded_prefix_of_what_the_service_proxy_answers() {
+    let port = endless_proxy_server(512 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\n    namespace: ml\ncurrent-context: fake\nusers:\n- name: u\n  user: {{}}\n"),
+    )
+    .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(drafs_bin())
+        .args(["check", "-o", "json", "--timeout", "20s"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Reaped with wait4, for this process's own peak memory.
+    let pid = child.id() as i32;
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut out, &mut text).map(|_| text)
+    });
+    let mut err_text = String::new();
+    std::io::Read::read_to_string(&mut err, &mut err_text).unwrap();
+    let text = out_reader.join().unwrap().unwrap();
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    let report: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}\nstderr: {err_text}"));
+    let webhook = named(&report, "webhook");
+    let message = webhook["message"].as_str().unwrap();
+    assert!(message.contains("HTTP 500: xxxx"), "{message}");
+    assert!(message.len() < 8 << 10, "the message holds a bounded prefix: {} bytes", message.len());
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(peak_mib < 96, "drafs check peaked at {peak_mib} MiB reading the proxy's answer");
+}

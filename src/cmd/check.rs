@@ -367,9 +367,10 @@ async fn probe(client: &Client, c: &Config, entry: &MutatingWebhook) -> Probe {
         let proxy =
             format!("/api/v1/namespaces/{}/services/https:{}:{port}/proxy/healthz", service.namespace, service.name);
         let reach = match http::Request::get(&proxy).body(Vec::new()) {
-            Ok(request) => match within(c.timeout, client.request_text(request)).await {
-                Ok(_) => Reach::Answered { status: 200, through },
-                Err(error) => Reach::Failed { error, through },
+            Ok(request) => match tokio::time::timeout(c.timeout, proxied_status(client, request)).await {
+                Ok(Ok(status)) => Reach::Answered { status, through },
+                Ok(Err(error)) => Reach::Failed { error, through },
+                Err(_) => Reach::Failed { error: format!("no answer within {}s", c.timeout.as_secs()), through },
             },
             Err(e) => Reach::Failed { error: e.to_string(), through },
         };
@@ -398,6 +399,40 @@ async fn probe(client: &Client, c: &Config, entry: &MutatingWebhook) -> Probe {
     let through = format!("at {}:{}", address.0, address.1);
     let (reach, served) = handshake(&address.0, address.1, &host, c.timeout, &through).await;
     Probe { entry: entry.name.clone(), endpoint: url, server_name: host, ca_bundle, reach, served: Some(served) }
+}
+
+/// The most of an answer's body `check` reads through the service proxy: a
+/// webhook (or whatever answers there) may send an endless body.
+const PROXY_BODY_LIMIT: usize = 4096;
+
+/// GET through the API server's service proxy: the status when it is a
+/// success, else an error with the API server's message or the first
+/// [`PROXY_BODY_LIMIT`] bytes of the body, escaped. Never reads more.
+async fn proxied_status(client: &Client, request: http::Request<Vec<u8>>) -> Result<u16, String> {
+    use http_body_util::BodyExt;
+    let response = client.send(request.map(kube::client::Body::from)).await.map_err(|e| api_error(&e))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(status.as_u16());
+    }
+    let mut body = response.into_body();
+    let mut prefix = Vec::new();
+    while prefix.len() < PROXY_BODY_LIMIT {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    prefix.extend_from_slice(&data);
+                }
+            }
+            _ => break,
+        }
+    }
+    prefix.truncate(PROXY_BODY_LIMIT);
+    let message = serde_json::from_slice::<Value>(&prefix)
+        .ok()
+        .and_then(|s| s["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&prefix).trim().to_string());
+    Err(format!("HTTP {}: {}", status.as_u16(), crate::cmd::get::printable(&message)))
 }
 
 /// Records the chain the server sends and accepts it: the chain is judged
