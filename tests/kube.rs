@@ -84,6 +84,15 @@ fn consumed_capacity_written_through_the_status_subresource() {
     let net = sc.of_kind("ResourceClaim").into_iter().find(|c| c["metadata"]["name"] == "inference-0-net").unwrap();
     let stored = cp.get(&net).unwrap();
     let result = &stored["status"]["allocation"]["devices"]["results"][0];
+    if controlplane::minor() < 36 {
+        // Alpha and off before 1.36: dropped, so drafs has no share to serve, and says nothing wrong.
+        assert!(result["consumedCapacity"].is_null() && result["shareID"].is_null(), "{stored}");
+        let (dir, _) = init_in_pod(&sc);
+        let tree = read_tree(&dir);
+        assert!(tree.keys().all(|k| !k.contains("/.consumed/") && !k.ends_with("/.shareID")), "{tree:?}");
+        assert_eq!(tree["gpu/gpu/0/.capacity/gpu.nvidia.com/memory"], "80Gi");
+        return;
+    }
     assert_eq!(result["consumedCapacity"], json!({"bandwidth": "25G", "queues": "4"}), "{stored}");
     let (dir, meta) = init_in_pod(&sc);
     let tree = read_tree(&dir);
@@ -116,6 +125,14 @@ fn device_health_written_through_the_pod_status_subresource_is_served_live() {
     cp.patch_status(&pod, &json!({"containerStatuses": statuses}));
     let stored = cp.get(&pod).unwrap();
     let kept = &stored["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][1];
+    if controlplane::minor() < 36 {
+        // ResourceHealthStatus is alpha and off before 1.36: dropped, no `.health`.
+        assert!(stored["status"]["containerStatuses"][0]["allocatedResourcesStatus"].is_null(), "{stored}");
+        let (dir, _) = init_in_pod(&sc);
+        let tree = read_tree(&dir);
+        assert!(tree.contains_key(".ready") && tree.keys().all(|k| !k.ends_with("/.health")), "{tree:?}");
+        return;
+    }
     assert_eq!(kept["health"], "Unhealthy", "the API server dropped the health (ResourceHealthStatus off?): {stored}");
 
     let dir = sc.path("dra");
@@ -286,6 +303,16 @@ fn fabric_scenario(cp: &ControlPlane) -> Scenario<'_> {
 fn network_attached_device_prioritized_list_and_list_attributes() {
     let Some(cp) = controlplane::shared() else { return };
     let mut sc = fabric_scenario(cp);
+    if controlplane::minor() < 36 {
+        // No list-typed attributes before 1.36: the API server refuses such a slice.
+        let slice = sc.of_kind("ResourceSlice").remove(0);
+        let refused = cp.dry_run_create(&slice).unwrap_err();
+        assert!(
+            refused.contains("exactly one value must be specified") || refused.contains("unknown field"),
+            "{refused}"
+        );
+        return;
+    }
     sc.create_all();
     let (dir, meta) = init_in_pod(&sc);
     let tree = read_tree(&dir);
@@ -532,10 +559,19 @@ fn every_offline_example_is_accepted_by_the_api_server() {
             }
             checked += 1;
             // 409 AlreadyExists comes after validation and admission passed.
-            if let Err(e) =
-                cp.dry_run_create(&object).or_else(|e| if e.starts_with("HTTP 409") { Ok(()) } else { Err(e) })
-            {
-                failures.push(format!("{rel}: {} {}: {e}", doc["kind"], doc["metadata"]["name"]));
+            let result =
+                cp.dry_run_create(&object).or_else(|e| if e.starts_with("HTTP 409") { Ok(()) } else { Err(e) });
+            // Before 1.36 a slice with list-typed attributes is refused (docs/compatibility.md).
+            let lists = ["\"ints\"", "\"strings\"", "\"bools\"", "\"versions\""];
+            let has_lists = doc["kind"] == "ResourceSlice" && lists.iter().any(|l| doc["spec"].to_string().contains(l));
+            match (result, controlplane::minor() < 36 && has_lists) {
+                (Ok(()), false) => {}
+                (Err(e), true) if e.contains("unknown field") => {}
+                (Ok(()), true) => failures.push(format!(
+                    "{rel}: {} {}: accepted with list-typed attributes",
+                    doc["kind"], doc["metadata"]["name"]
+                )),
+                (Err(e), _) => failures.push(format!("{rel}: {} {}: {e}", doc["kind"], doc["metadata"]["name"])),
             }
         }
     }
@@ -1195,6 +1231,20 @@ fn extended_resource_claims_written_as_the_scheduler_writes_them() {
     let mut sc = Scenario::from_fixture(cp, &read("examples/offline/extended-gpu.yaml"));
     sc.create_all();
     let stored = cp.get(&sc.pod()).unwrap();
+    if controlplane::minor() < 36 {
+        // DRAExtendedResource is alpha and off before 1.36: the status is
+        // dropped (the scheduler never writes it there), drafs says so.
+        assert!(stored["status"]["extendedResourceClaimStatus"].is_null(), "{}", stored["status"]);
+        let dir = sc.path("dra");
+        let out = run(sc.in_pod_command(&["init", "--dir", dir.to_str().unwrap(), "--timeout", "60s"]));
+        assert_ok(&out);
+        assert!(
+            stderr(&out).contains("none of its extended resources (nvidia.com/gpu) through DRA"),
+            "{}",
+            stderr(&out)
+        );
+        return;
+    }
     assert_eq!(
         stored["status"]["extendedResourceClaimStatus"]["requestMappings"][1]["containerName"], "evaluator",
         "the API server kept the status: {}",
@@ -1248,6 +1298,11 @@ fn admin_access_device_taints_and_a_claim_reserved_for_a_pod_group() {
     let tree = read_tree(&dir);
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
     assert_eq!(tree["gpu/gpu/0/.adminAccess"], "true");
-    assert_eq!(tree["gpu/gpu/0/.taints"], "example.com/overheated=true:NoSchedule");
+    if controlplane::minor() < 36 {
+        // DRADeviceTaints is alpha and off before 1.36: the API server dropped the taint.
+        assert!(!tree.contains_key("gpu/gpu/0/.taints"), "{tree:?}");
+    } else {
+        assert_eq!(tree["gpu/gpu/0/.taints"], "example.com/overheated=true:NoSchedule");
+    }
     assert_upstream_decodes(cp, &meta, &dir.join(".json"));
 }

@@ -101,8 +101,18 @@ struct RawSpec<'a> {
     node_selector: Option<NodeSelector>,
     #[serde(default)]
     per_device_node_selection: Option<bool>,
-    #[serde(default, borrow)]
+    /// kube-apiserver v1.34 writes a slice without devices as `"devices": null`.
+    #[serde(default, borrow, deserialize_with = "null_as_empty")]
     devices: Vec<&'a RawValue>,
+}
+
+/// A list that may be `null` (an empty Go slice without `omitempty`): empty.
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Vec<T>>::deserialize(deserializer).map(Option::unwrap_or_default)
 }
 
 #[derive(Deserialize)]
@@ -147,7 +157,7 @@ pub fn decode(
 pub struct RawList<'a> {
     #[serde(default)]
     pub metadata: RawListMeta,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "null_as_empty")]
     pub items: Vec<&'a RawValue>,
 }
 
@@ -190,6 +200,18 @@ mod tests {
 
     fn filter() -> DeviceFilter {
         DeviceFilter::new([("gpu.example.com".into(), "p".into(), "g1".into())])
+    }
+
+    /// kube-apiserver v1.34 answers a slice published without devices (and
+    /// an empty list) with `null`, not `[]`.
+    #[test]
+    fn null_devices_and_items_are_empty() {
+        let text = slice_json(Some("n"), "p", &[]).replace("\"devices\":[]", "\"devices\":null");
+        assert!(text.contains("\"devices\":null"), "{text}");
+        let s = decode(&text, &filter(), Some("n")).unwrap().unwrap();
+        assert_eq!(s.spec.devices, Some(Vec::new()));
+        let list: RawList = serde_json::from_str(r#"{"metadata": {"resourceVersion": "5"}, "items": null}"#).unwrap();
+        assert!(list.items.is_empty());
     }
 
     #[test]

@@ -47,6 +47,21 @@ fn as_created(doc: &Value) -> Value {
     d
 }
 
+/// Before 1.36 a slice's attributes are scalars only (no `ints`, `strings`...:
+/// the API server refuses a slice with them): a list of one becomes that
+/// scalar, which drafs writes as the same text.
+fn scalar_attributes(doc: &mut Value) {
+    for device in doc["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        for attr in device["attributes"].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+            for (list, scalar) in [("ints", "int"), ("bools", "bool"), ("strings", "string"), ("versions", "version")] {
+                if let Some([one]) = attr[list].as_array().map(Vec::as_slice) {
+                    *attr = json!({scalar: one});
+                }
+            }
+        }
+    }
+}
+
 impl<'a> Scenario<'a> {
     /// Parse a fixture (Pod, claims, slices) and give it a namespace and node of
     /// its own, so scenarios never share objects. Nothing is created yet.
@@ -63,6 +78,9 @@ impl<'a> Scenario<'a> {
         for d in &mut docs {
             if d["metadata"]["namespace"].is_string() {
                 d["metadata"]["namespace"] = json!(namespace);
+            }
+            if super::controlplane::minor() < 36 {
+                scalar_attributes(d);
             }
         }
         let pod_name =

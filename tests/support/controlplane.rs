@@ -24,6 +24,21 @@ use serde_json::{Value, json};
 /// default since 1.36, set for clarity).
 pub const FEATURE_GATES: &str = "DRAListTypeAttributes=true,DRAConsumableCapacity=true";
 
+/// The oldest release serving `resource.k8s.io/v1`, which the tier also runs
+/// against (`DRAFS_KUBE_VERSION=1.34`), with its default feature gates: what
+/// it does not serve must degrade as docs/compatibility.md says.
+pub const OLDEST: u32 = 34;
+
+/// The minor version of the kube-apiserver this process runs: 37 unless
+/// `DRAFS_KUBE_VERSION=1.34` asks for the oldest.
+pub fn minor() -> u32 {
+    match std::env::var("DRAFS_KUBE_VERSION").as_deref() {
+        Err(_) | Ok("") | Ok("1.37") => 37,
+        Ok("1.34") => OLDEST,
+        Ok(other) => panic!("DRAFS_KUBE_VERSION={other}: the kube tier runs 1.37 (the default) or 1.34"),
+    }
+}
+
 const ADMIN_TOKEN: &str = "drafs-test-admin-token";
 const SCRATCH_PREFIX: &str = "drafs-kube-";
 
@@ -53,6 +68,16 @@ pub fn private() -> Option<ControlPlane> {
 pub fn binaries() -> Result<PathBuf, String> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| cached_build("tests/kube/build.sh")).clone()
+}
+
+/// The kube-apiserver of [`minor`]: 1.37's from [`binaries`], or 1.34's
+/// (tests/kube/v1.34/build.sh; etcd, kubectl and the rest stay 1.37's).
+pub fn apiserver_binary() -> Result<PathBuf, String> {
+    if minor() == 37 {
+        return binaries().map(|d| d.join("kube-apiserver"));
+    }
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| cached_build("tests/kube/v1.34/build.sh")).clone().map(|d| d.join("kube-apiserver"))
 }
 
 /// Run a build script of the repository that prints, last, the directory of
@@ -258,7 +283,7 @@ impl ControlPlane {
 
     fn start_apiserver(&self) -> Result<(), String> {
         let d = |f: &str| self.dir.join(f).to_string_lossy().into_owned();
-        let mut cmd = Command::new(self.bin.join("kube-apiserver"));
+        let mut cmd = Command::new(apiserver_binary()?);
         cmd.args([
             &format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
             "--bind-address=127.0.0.1",
@@ -277,7 +302,8 @@ impl ControlPlane {
             "--service-cluster-ip-range=10.96.0.0/16",
             // No Endpoints for the `kubernetes` Service: no traffic goes anywhere but loopback.
             "--endpoint-reconciler-type=none",
-            &format!("--feature-gates={FEATURE_GATES}"),
+            // 1.34 keeps its defaults (and has no DRAListTypeAttributes gate).
+            &format!("--feature-gates={}", if minor() == 37 { FEATURE_GATES } else { "" }),
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
