@@ -94,6 +94,31 @@ fn init_container_example() {
     assert!(read_tree(&meta).contains_key("resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json"));
 }
 
+/// The GPU asked for as an extended resource: the example's drafs args
+/// against the dump of such a pod (its scheduler-made claim), and the path
+/// the trainer reads.
+#[test]
+fn extended_resource_example() {
+    let docs = manifest("examples/gpu-extended-resource");
+    let spec = pod_spec(&docs);
+    let init = drafs_container(spec);
+    downward_api_env(init);
+    assert!(spec["resourceClaims"].is_null(), "the pod names no claim");
+    let (_api, env) = example("ml", "inference-0", "examples/offline/extended-gpu.yaml");
+    let dra = env.path("dra");
+    let meta = env.path("meta");
+    let args = remap(&init["args"], &[("/var/run/kubernetes.io/dra-device-attributes", &meta), ("/dra", &dra)]);
+    let out = env.run(&as_strs(&args), LIMIT);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tree = read_tree(&dra);
+    let command = spec["containers"][0]["command"][2].as_str().unwrap();
+    for path in ["nvidia.com/gpu/trainer/0/uuid", "nvidia.com/gpu/trainer/0/resource.kubernetes.io/pciBusID"] {
+        assert!(command.contains(&format!("/dra/{path}")), "the trainer reads {path}: {command}");
+        assert!(tree.contains_key(path), "{path}");
+    }
+    assert!(read_tree(&meta).keys().all(|k| k.starts_with("resourceclaims/inference-0-extended-resources-q8w2z/")));
+}
+
 #[test]
 fn fuse_sidecar_example() {
     if !require_fuse() {
@@ -252,7 +277,7 @@ fn every_example_directory_applies_on_its_own() {
         // Every claim the pods use is defined here, and only drafs gets a token.
         for pod in docs.iter().filter(|d| d["kind"] == "Pod") {
             let spec = &pod["spec"];
-            for claim in spec["resourceClaims"].as_array().unwrap() {
+            for claim in spec["resourceClaims"].as_array().into_iter().flatten() {
                 let (kind, name) = match claim.get("resourceClaimTemplateName") {
                     Some(t) => ("ResourceClaimTemplate", t),
                     None => ("ResourceClaim", &claim["resourceClaimName"]),

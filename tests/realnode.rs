@@ -166,7 +166,15 @@ fn set_interface_names(node: &Node, ns: &str, claim: &str) {
 #[test]
 fn the_examples_run_unchanged_on_a_real_node() {
     let Some(node) = node::shared() else { return };
-    for dir in ["gpu-init", "gpu-sidecar-files", "gpu-exec-wrapper", "kubevirt-launcher", "rdma-sidecar-fuse"] {
+    let dirs = [
+        "gpu-init",
+        "gpu-sidecar-files",
+        "gpu-exec-wrapper",
+        "kubevirt-launcher",
+        "rdma-sidecar-fuse",
+        "gpu-extended-resource",
+    ];
+    for dir in dirs {
         node.kubectl_apply(&example(dir));
     }
     // The NIC driver reports interface names after prepare, as network drivers do.
@@ -181,6 +189,13 @@ fn the_examples_run_unchanged_on_a_real_node() {
     let uuid = gpu("drafs-gpu-init", "trainer-0", "gpu", "uuid");
     let pci = gpu("drafs-gpu-init", "trainer-0", "gpu", "resource.kubernetes.io/pciBusID");
     assert_eq!(log_line(node, "drafs-gpu-init", "trainer-0", "trainer", "GPU "), format!("GPU {uuid} at {pci}"));
+
+    // The GPU asked for as an extended resource (nvidia.com/gpu, KEP-5004).
+    let running = node.wait_running("drafs-gpu-extended", "inference-0");
+    let (_, _, driver, device) = extended_device(node, "drafs-gpu-extended", &running, "trainer");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    let pci = node.slice_attribute(&driver, &device, "resource.kubernetes.io/pciBusID");
+    assert_eq!(log_line(node, "drafs-gpu-extended", "inference-0", "trainer", "GPU "), format!("GPU {uuid} at {pci}"));
 
     let uuid = gpu("drafs-gpu-sidecar", "trainer-0", "gpu", "uuid");
     assert_eq!(log_line(node, "drafs-gpu-sidecar", "trainer-0", "trainer", "GPU "), format!("GPU {uuid}"));
