@@ -474,3 +474,20 @@ fn check_reads_a_bounded_prefix_of_what_the_service_proxy_answers() {
     let peak_mib = usage.ru_maxrss / 1024;
     assert!(peak_mib < 96, "drafs check peaked at {peak_mib} MiB reading the proxy's answer");
 }
+
+/// drafs without the webhook (pods given drafs by their manifests or `drafs
+/// inject`) is a supported way to run it: with the RBAC right, `check -n NS`
+/// warns that no webhook is installed and exits 0 (it failed before).
+#[test]
+fn check_without_a_webhook_warns_and_passes_when_the_rbac_is_right() {
+    let Some(cp) = controlplane::private() else { return };
+    namespace(&cp, "manual", json!({}));
+    apply_rbac(&cp, "manual", &["--events"]);
+    let (code, report) = check_json(&cp, &["-n", "manual"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(named(&report, "configuration")["status"], "warn", "{report:#}");
+    let injection = named(&report, "injection");
+    assert_eq!(injection["status"], "warn", "{injection:#}");
+    assert!(injection["message"].as_str().unwrap().contains("only from their manifests"), "{injection:#}");
+    assert_eq!(named(&report, "rbac")["status"], "ok", "{report:#}");
+}

@@ -232,11 +232,13 @@ pub fn drafs_entries(configurations: &[MutatingWebhookConfiguration]) -> Vec<(St
 pub fn configuration(configurations: &[MutatingWebhookConfiguration]) -> Check {
     let entries = drafs_entries(configurations);
     if entries.is_empty() {
+        // Pods may carry drafs in their manifests (`drafs inject`, the
+        // examples): a supported way to run drafs, so a warning.
         return Check::new(
             "configuration",
-            Status::Fail,
+            Status::Warn,
             format!(
-                "no MutatingWebhookConfiguration has an entry named {}: the webhook is not installed, no pod gets drafs",
+                "no MutatingWebhookConfiguration has an entry named {}: the webhook is not installed, so only pods whose manifests carry drafs (drafs inject, the examples) get it",
                 ENTRY_NAMES.join(" or ")
             ),
             json!({"configurations": [], "entries": []}),
@@ -377,6 +379,15 @@ pub fn namespace_injection(
             details,
         )
         .with_fix(format!("kubectl label namespace {namespace} {INJECT_LABEL}=enabled (to inject every pod that asks for devices)")),
+        (false, false) if drafs_entries(configurations).is_empty() => Check::new(
+            "injection",
+            Status::Warn,
+            format!(
+                "no webhook: pods of namespace {namespace} get drafs only from their manifests (drafs inject --mode MODE, or as in examples/)"
+            ),
+            details,
+        )
+        .with_fix("helm install drafs deploy/helm/drafs -n drafs-system --create-namespace (to add drafs at admission)"),
         (false, false) => {
             let reasons = match labelled {
                 Injection::NotSent { reasons } => reasons.join("; "),
@@ -926,9 +937,15 @@ mod tests {
         let check = namespace_injection(&configs, "kube-system", &ns("kube-system", &[]), Some(Mode::Init));
         assert_eq!(check.status, Status::Fail);
         assert!(check.message.contains("kubernetes.io/metadata.name NotIn [drafs-system, kube-system] (it is kubernetes.io/metadata.name=kube-system)"), "{}", check.message);
-        assert_eq!(configuration(&[]).status, Status::Fail);
+        // No webhook: drafs from manifests is a supported way, a warning (exit 0).
+        assert_eq!(configuration(&[]).status, Status::Warn);
         let none = namespace_injection(&[], "ml", &opted, None);
-        assert_eq!(none.message, "no pod of namespace ml gets drafs: no webhook configuration has drafs's entries");
+        assert_eq!(none.status, Status::Warn);
+        assert!(
+            none.message.starts_with("no webhook: pods of namespace ml get drafs only from their manifests"),
+            "{}",
+            none.message
+        );
         assert_eq!(configuration(&configs).message, "webhook entries drafs/pods.drafs.dev, drafs/namespaces.drafs.dev");
     }
 

@@ -212,10 +212,21 @@ impl Node {
             Some(dir) => PathBuf::from(dir),
             None => {
                 let images = images_dir();
-                sh(Command::new("bash")
-                    .arg(super::repo_path("tests/node/images.sh"))
-                    .arg(&images)
-                    .arg(node_bin.join("pause")))?;
+                let mut build = Command::new("bash");
+                build.arg(super::repo_path("tests/node/images.sh")).arg(&images).arg(node_bin.join("pause"));
+                // The environment of a shell, not the one cargo gives a test
+                // (CARGO_*, RUSTUP_TOOLCHAIN, LD_LIBRARY_PATH into target/):
+                // with it the image's cargo build hashes its dependencies
+                // differently and starts over (3 minutes per test) instead of
+                // finding the set-up's build.
+                build.env_clear();
+                for key in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "CARGO_TARGET_DIR", "XDG_CACHE_HOME", "TMPDIR"]
+                {
+                    if let Some(value) = std::env::var_os(key) {
+                        build.env(key, value);
+                    }
+                }
+                sh(&mut build)?;
                 images
             }
         };
