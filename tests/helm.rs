@@ -172,6 +172,41 @@ fn bad_values_are_refused_with_the_reason() {
     }
 }
 
+/// A PodDisruptionBudget that no drain can meet (minAvailable >= replicas)
+/// is not made; namespaces that YAML would read as a boolean or a number
+/// (`on`, `123`) stay strings in the NetworkPolicy.
+#[test]
+fn the_budget_follows_the_replicas_and_namespace_names_stay_strings() {
+    let Some(cp) = controlplane::shared() else { return };
+    let budget = |replicas: &str| {
+        let docs = render(cp, &["--set", &format!("replicas={replicas}")]);
+        docs.iter().find(|d| d["kind"] == "PodDisruptionBudget").map(|p| p["spec"]["minAvailable"].clone())
+    };
+    assert_eq!(budget("1"), None, "one replica: a budget of 1 would block every drain");
+    assert_eq!(budget("2"), Some(json!(1)));
+    assert_eq!(budget("3"), Some(json!(1)));
+    let docs = render(
+        cp,
+        &[
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set-json",
+            r#"networkPolicy.metricsFromNamespaces=["on","123","monitoring"]"#,
+        ],
+    );
+    let policy = find(&docs, "NetworkPolicy");
+    let names: Vec<&Value> = policy["spec"]["ingress"][1]["from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| &f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"])
+        .collect();
+    assert_eq!(names, vec![&json!("on"), &json!("123"), &json!("monitoring")]);
+    restricted_namespace(cp, "drafs-system");
+    let out = kubectl_apply(cp, std::slice::from_ref(policy), true);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// The PEM certificates of a Secret's key, decoded.
 fn secret_pem(cp: &ControlPlane, name: &str, key: &str) -> Vec<u8> {
     let secret =
