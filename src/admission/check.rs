@@ -131,9 +131,10 @@ impl Report {
                 Status::Fail => "FAIL",
                 other => other.label(),
             };
-            out.push_str(&format!("{status:<4}  {:<width$}  {}\n", c.name, c.message));
+            // Every check's text may hold the cluster's words: one line, bounded, whatever built it.
+            out.push_str(&format!("{status:<4}  {:<width$}  {}\n", c.name, shown(&c.message)));
             if let Some(fix) = &c.fix {
-                out.push_str(&format!("      {:<width$}  fix: {fix}\n", ""));
+                out.push_str(&format!("      {:<width$}  fix: {}\n", "", shown(fix)));
             }
         }
         match self.failed() {
@@ -145,6 +146,18 @@ impl Report {
             )),
         }
         out
+    }
+}
+
+/// The most characters of one check's message on a terminal.
+const MAX_MESSAGE: usize = 2048;
+
+/// [`one_line`], cut at [`MAX_MESSAGE`] characters.
+fn shown(text: &str) -> String {
+    let line = one_line(text);
+    match line.char_indices().nth(MAX_MESSAGE) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
     }
 }
 
@@ -861,6 +874,28 @@ mod tests {
 
     fn exprs(reqs: Vec<LabelSelectorRequirement>) -> LabelSelector {
         LabelSelector { match_expressions: Some(reqs), match_labels: None }
+    }
+
+    /// A check built without `Check::new` (an API error, a probe failure)
+    /// still reaches the terminal as one escaped, bounded line.
+    #[test]
+    fn the_text_report_escapes_and_bounds_what_the_cluster_said() {
+        let raw = format!("HTTP 500: \u{1b}]0;owned\u{7}\nsecond line {}", "y".repeat(10_000));
+        let report = Report {
+            namespace: "ml".into(),
+            pod: None,
+            checks: vec![Check {
+                name: "configuration",
+                status: Status::Fail,
+                message: raw.clone(),
+                fix: Some(raw),
+                details: json!({}),
+            }],
+        };
+        let text = report.to_text();
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{:?}", &text[..200]);
+        assert_eq!(text.lines().count(), 4, "one line each for the header, message, fix and verdict");
+        assert!(text.lines().all(|l| l.chars().count() < MAX_MESSAGE + 64));
     }
 
     #[test]

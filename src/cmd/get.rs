@@ -55,6 +55,15 @@ pub fn printable(text: &str) -> String {
     text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
+/// [`printable`], cut at `max` characters (an ellipsis says so): for one
+/// line an operator or the kubelet's probe output shows.
+pub fn printable_bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", printable(&text[..cut])),
+        None => printable(text),
+    }
+}
+
 /// Every file of the tree and its content; JSON records are summarized.
 pub fn tree_listing(built: &BuiltTree) -> String {
     let mut text = String::new();

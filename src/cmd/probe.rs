@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::cmd::Failure;
+use crate::cmd::get::printable_bounded;
 use crate::model::layout;
 use crate::publish::fuse::is_stale_mount;
 
@@ -28,18 +29,26 @@ pub fn run(config: &Config) -> Result<(), Failure> {
     // The record is read only when needed (a ready probe without --healthy is
     // one stat), and once: it is one consistent tree, whatever changes meanwhile.
     let record = || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    // Everything said comes from the cluster (a driver's message, a claim's
+    // name): escaped, and bounded, for a terminal and the kubelet's events.
     if !ready {
-        return Err(Failure::Failed(format!("not ready: {}", not_ready_reason(dir, record().as_ref()))));
+        let reason = printable_bounded(&not_ready_reason(dir, record().as_ref()), MAX_LINE);
+        return Err(Failure::Failed(format!("not ready: {reason}")));
     }
     if config.healthy {
         let unhealthy = record().as_ref().map(unhealthy_devices).unwrap_or_default();
         if !unhealthy.is_empty() {
-            return Err(Failure::Failed(format!("unhealthy: {}", unhealthy.join("; "))));
+            return Err(Failure::Failed(format!("unhealthy: {}", printable_bounded(&unhealthy.join("; "), MAX_LINE))));
         }
     }
     println!("ready");
     Ok(())
 }
+
+/// The most characters of cluster text a probe line holds.
+const MAX_LINE: usize = 1024;
+/// The most characters of one driver's health message.
+const MAX_MESSAGE: usize = 256;
 
 fn not_ready_reason(dir: &Path, record: Option<&Value>) -> String {
     match record {
@@ -61,8 +70,10 @@ fn unhealthy_devices(record: &Value) -> Vec<String> {
             if device["health"]["state"] != "Unhealthy" {
                 continue;
             }
-            let request = device["request"].as_str().unwrap_or("?");
-            let request = request.split('/').next().unwrap_or(request);
+            // An extended resource's directory is its container's name.
+            let request = device["container"].as_str().or(device["request"].as_str()).unwrap_or("?");
+            let request =
+                if device["container"].is_string() { request } else { request.split('/').next().unwrap_or(request) };
             let mut line = format!(
                 "{}/{request}/{} ({}/{}/{}) is Unhealthy",
                 claim["name"].as_str().unwrap_or("?"),
@@ -72,7 +83,7 @@ fn unhealthy_devices(record: &Value) -> Vec<String> {
                 device["device"].as_str().unwrap_or("?"),
             );
             if let Some(message) = device["health"]["message"].as_str() {
-                line += &format!(": {message}");
+                line += &format!(": {}", printable_bounded(message, MAX_MESSAGE));
             }
             out.push(line);
         }
@@ -95,5 +106,21 @@ mod tests {
             {"request": "gpu", "index": 3, "driver": "d", "pool": "p", "device": "g3"}]}]});
         assert_eq!(unhealthy_devices(&record), ["gpus/gpu/1 (d/p/g1) is Unhealthy: XID 79"]);
         assert!(unhealthy_devices(&json!({"claims": "not a list"})).is_empty());
+    }
+
+    #[test]
+    fn messages_are_escaped_and_bounded_and_extended_resources_named_by_container() {
+        let hostile = format!("\u{1b}[2J\u{1b}]0;owned\u{7}{}", "x".repeat(100_000));
+        let record = json!({"claims": [{"name": "nvidia.com/gpu", "extendedResource": true, "devices": [
+            {"request": "container-1-request-0", "container": "trainer", "index": 0, "driver": "d", "pool": "p",
+             "device": "g0", "health": {"state": "Unhealthy", "message": hostile}}]}]});
+        let lines = unhealthy_devices(&record);
+        assert!(
+            lines[0].starts_with("nvidia.com/gpu/trainer/0 (d/p/g0) is Unhealthy: \\u{1b}[2J"),
+            "{}",
+            &lines[0][..80]
+        );
+        assert!(!lines[0].contains('\u{1b}') && !lines[0].contains('\u{7}'));
+        assert!(lines[0].chars().count() < 400, "{}", lines[0].len());
     }
 }
