@@ -442,6 +442,7 @@ fn check_reads_a_bounded_prefix_of_what_the_service_proxy_answers() {
     )
     .unwrap();
     let home = tempfile::tempdir().unwrap();
+    #[allow(clippy::zombie_processes)] // reaped below with wait4, which also gives its peak memory
     let mut child = std::process::Command::new(drafs_bin())
         .args(["check", "-o", "json", "--timeout", "20s"])
         .env_clear()
