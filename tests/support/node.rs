@@ -214,11 +214,10 @@ impl Node {
                 let images = images_dir();
                 let mut build = Command::new("bash");
                 build.arg(super::repo_path("tests/node/images.sh")).arg(&images).arg(node_bin.join("pause"));
-                // The environment of a shell, not the one cargo gives a test
-                // (CARGO_*, RUSTUP_TOOLCHAIN, LD_LIBRARY_PATH into target/):
-                // with it the image's cargo build hashes its dependencies
-                // differently and starts over (3 minutes per test) instead of
-                // finding the set-up's build.
+                // The environment of a shell, as the set-up built it, not the
+                // one cargo gives a test (CARGO_*, RUSTUP_TOOLCHAIN,
+                // LD_LIBRARY_PATH into target/): the image's build then finds
+                // the set-up's, and costs seconds when nothing changed.
                 build.env_clear();
                 for key in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "CARGO_TARGET_DIR", "XDG_CACHE_HOME", "TMPDIR"]
                 {
