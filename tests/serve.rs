@@ -796,3 +796,32 @@ fn fuse_follows_driver_data_live() {
     }
     driver_data_follows_live("fuse");
 }
+
+/// Watches ask the server to end them after a random 5 to 10 minutes (as
+/// client-go's reflector does), with bookmarks: watches opened together do not
+/// re-open together (they all asked for 60 s before).
+#[test]
+fn watches_end_at_random_times_between_five_and_ten_minutes() {
+    let (api, env) = rdma();
+    let mut serves: Vec<Serve> =
+        ["a", "b"].iter().map(|d| Serve::start_ready(&env, &env.path(d), &["--backend", "files"], LIMIT)).collect();
+    let watches =
+        || -> Vec<String> { api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.query.clone()).collect() };
+    wait_until("the watches of both", LIMIT, || watches().len() >= 4);
+    let mut seconds = Vec::new();
+    for query in watches() {
+        assert!(query.contains("allowWatchBookmarks=true"), "{query}");
+        let value =
+            query.split('&').find_map(|p| p.strip_prefix("timeoutSeconds=")).unwrap_or_else(|| panic!("{query}"));
+        let value: u32 = value.parse().unwrap();
+        assert!((300..600).contains(&value), "{query}");
+        seconds.push(value);
+    }
+    seconds.sort_unstable();
+    seconds.dedup();
+    assert!(seconds.len() > 1, "every watch asked for the same timeout: {seconds:?}");
+    for serve in &mut serves {
+        serve.signal(libc::SIGTERM);
+        assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+    }
+}

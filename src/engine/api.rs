@@ -1,8 +1,12 @@
 //! The API server's vocabulary for the engine: how a request failed, and
 //! how long the server keeps a watch open.
 
-/// The server closes each watch after this long; drafs resumes it from the last version.
-pub const WATCH_SECONDS: u32 = 60;
+/// The server closes each watch after a random time between these (as
+/// client-go's reflector asks: 5 to 10 minutes), and drafs resumes it from the
+/// last version. Random, so that watches opened together (a job's pods
+/// started at once) do not re-open together.
+pub const WATCH_SECONDS_MIN: u32 = 300;
+pub const WATCH_SECONDS_MAX: u32 = 600;
 
 /// Errors talking to the API server. Only `Failed` is worth retrying.
 #[derive(Debug, Clone, thiserror::Error)]

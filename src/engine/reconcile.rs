@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::engine::api::{ApiError, WATCH_SECONDS};
+use crate::engine::api::ApiError;
 use crate::engine::store::{Item, Scope, Store};
 use crate::engine::{EngineError, PodRef};
 use crate::model::backoff::{RetryBackoff, WatchBackoff, seed_of};
@@ -173,8 +173,9 @@ pub struct Reconciler {
 const POD_KEY: &str = "pod";
 
 /// A watch the server ends sooner than this without sending a change was cut
-/// short (the server asked for [`WATCH_SECONDS`]): resumed only after a delay.
-const WATCH_CUT_SHORT: Duration = Duration::from_secs(WATCH_SECONDS as u64 / 2);
+/// short (drafs asks for at least [`crate::engine::api::WATCH_SECONDS_MIN`]: a proxy or a
+/// restarting server closed it): resumed only after a delay.
+const WATCH_CUT_SHORT: Duration = Duration::from_secs(30);
 
 impl Reconciler {
     pub fn new(mode: Mode, pod_ref: PodRef, selection: Selection, require: Vec<RequirePath>) -> Self {
@@ -962,7 +963,7 @@ mod tests {
         assert_eq!(step.transition, Some(Transition::Recovered));
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "C");
         // A watch that ends is resumed from the last version seen; an expired one is listed again.
-        let step = r.handle(ended(node_scope(), Duration::from_secs(WATCH_SECONDS.into()), 0));
+        let step = r.handle(ended(node_scope(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 0));
         assert!(
             matches!(&step.actions[..], [Action::Watch { scope, resource_version, after }] if *scope == node_scope() && resource_version == "9" && after.is_zero())
         );
@@ -1022,7 +1023,7 @@ mod tests {
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "the pod is fetched again");
         r.handle(Input::Pod(pod_at("6", Some("Unhealthy"))));
         // 410 Gone: the pod is fetched again (never listed), and watched from that answer.
-        r.handle(ended(pod_scope.clone(), Duration::from_secs(WATCH_SECONDS.into()), 1));
+        r.handle(ended(pod_scope.clone(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 1));
         let step = r.handle(Input::Expired(pod_scope.clone()));
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "{:?}", step.actions);
         assert!(lists(&step).is_empty() && watches(&step).is_empty());

@@ -5,8 +5,10 @@
 //! its deadline), lists are paged (`limit` + `continue`) and slices are decoded
 //! with the reconciler's device filter (see `slices`), so memory follows the
 //! pod's devices and one page, not the node. Watches ask the server to close
-//! them after [`WATCH_SECONDS`] and are given up as broken when silent longer
-//! than that plus a margin, so a connection that died without a word is noticed.
+//! them after a random 5 to 10 minutes ([`WATCH_SECONDS_MIN`]..[`WATCH_SECONDS_MAX`])
+//! and for bookmarks, which the API server sends about once a minute: a
+//! watch silent for [`WATCH_IDLE`] is given up as broken, so a connection that
+//! died without a word is noticed.
 //! The first page of the node's slices is requested together with the claims;
 //! it is decoded once the claims say which devices to keep.
 //!
@@ -29,14 +31,15 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::engine::PodRef;
-use crate::engine::api::{ApiError, WATCH_SECONDS};
+use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
 use crate::engine::reconcile::{Action, Input};
 use crate::engine::store::{Item, Scope};
 use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
 use crate::publish::metrics::Metrics;
 
-/// A watch silent this long (no event, no bookmark, no close) is restarted.
-pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 15);
+/// A watch silent this long (no event, no bookmark, no close) is restarted:
+/// two and a half of the API server's bookmark periods (about a minute).
+pub const WATCH_IDLE: Duration = Duration::from_secs(150);
 /// Longest wait for one request's answer (also bounded by the run's deadline).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Objects per list page: a page of slices (at most 128 devices each) is what
@@ -58,6 +61,9 @@ pub struct Engine {
     metrics: Option<Arc<Metrics>>,
     page_size: u32,
     watch_idle: Duration,
+    /// Seeds each watch's random timeout: this pod and this process.
+    watch_seed: u64,
+    watches: u64,
 }
 
 impl Drop for Engine {
@@ -73,7 +79,6 @@ impl Engine {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
         Engine {
             client,
-            pod,
             tx,
             rx,
             tasks: HashMap::new(),
@@ -83,6 +88,10 @@ impl Engine {
             metrics: None,
             page_size: PAGE_SIZE,
             watch_idle: WATCH_IDLE,
+            watch_seed: crate::model::backoff::seed_of(&format!("{}/{}", pod.namespace, pod.name))
+                ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+            watches: 0,
+            pod,
         }
     }
 
@@ -127,7 +136,14 @@ impl Engine {
                     self.replace_task(scope, task);
                 }
                 Action::Watch { scope, resource_version, after } => {
-                    let task = tokio::spawn(watch_scope(self.context(scope.clone()), resource_version, after));
+                    self.watches += 1;
+                    let seconds = crate::model::backoff::watch_timeout(
+                        self.watch_seed,
+                        self.watches,
+                        WATCH_SECONDS_MIN,
+                        WATCH_SECONDS_MAX,
+                    );
+                    let task = tokio::spawn(watch_scope(self.context(scope.clone()), resource_version, after, seconds));
                     self.replace_task(scope, task);
                 }
                 Action::Filter(filter) => {
@@ -381,7 +397,7 @@ async fn read_body(client: &Client, request: http::Request<Vec<u8>>) -> Result<V
 }
 
 /// Watch a scope from a resource version until the server closes the watch.
-async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duration) {
+async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duration, seconds: u32) {
     tokio::time::sleep(after).await;
     let node = match &ctx.scope {
         Scope::NodeSlices(n) => Some(n.clone()),
@@ -389,7 +405,7 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
     };
     let params = WatchParams {
         field_selector: Some(ctx.scope.field_selector()),
-        timeout: Some(WATCH_SECONDS),
+        timeout: Some(seconds),
         bookmarks: true,
         ..Default::default()
     };

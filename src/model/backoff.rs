@@ -93,6 +93,15 @@ impl WatchBackoff {
     }
 }
 
+/// The `timeoutSeconds` of the `n`th watch of a run seeded with `seed`:
+/// uniform in `[min, max)`. Pure (the caller picks the seed), so a test can
+/// check the spread.
+pub fn watch_timeout(seed: u64, n: u64, min: u32, max: u32) -> u32 {
+    let mut b = WatchBackoff::new(seed.wrapping_add(n.wrapping_mul(0x2545_f491_4f6c_dd1d)));
+    let span = max.saturating_sub(min).max(1);
+    min + (b.uniform() * f64::from(span)) as u32 % span
+}
+
 /// A seed for [`WatchBackoff`] from a text (the pod's name): stable for one
 /// pod, different between pods (FNV-1a).
 pub fn seed_of(text: &str) -> u64 {
@@ -127,6 +136,18 @@ mod tests {
         // The same seed gives the same delays; another pod's differ.
         assert_eq!(delays(&mut WatchBackoff::new(seed_of("ml/p")), Instant::now(), 12), got);
         assert_ne!(delays(&mut WatchBackoff::new(seed_of("ml/q")), Instant::now(), 12), got);
+    }
+
+    #[test]
+    fn watch_timeouts_spread_over_their_range() {
+        let seconds: Vec<u32> = (0..1000).map(|n| watch_timeout(seed_of("ml/p"), n, 300, 600)).collect();
+        assert!(seconds.iter().all(|s| (300..600).contains(s)), "{seconds:?}");
+        // Spread: every 30 s bucket of the range is used.
+        for bucket in 0..10 {
+            assert!(seconds.iter().any(|s| (s - 300) / 30 == bucket), "bucket {bucket} empty");
+        }
+        let other: Vec<u32> = (0..1000).map(|n| watch_timeout(seed_of("ml/q"), n, 300, 600)).collect();
+        assert_ne!(seconds, other, "another pod's watches end at other times");
     }
 
     #[test]
