@@ -360,16 +360,39 @@ fn check_reads_the_mode_of_the_charts_webhook_and_reaches_its_service_through_a_
     assert!(webhook["details"]["certificate"]["daysLeft"].as_i64().unwrap() > 300, "{webhook:#}");
 }
 
-/// A stand-in for an API server whose service proxy answers a webhook's
+/// drafs's two entries, by Service, as the kustomize base has them.
+fn service_configuration() -> Value {
+    let entry = |name: &str, path: &str| {
+        json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+               "clientConfig": {"service": {"namespace": "drafs-system", "name": "drafs-webhook", "path": path, "port": 443}}})
+    };
+    json!([{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "drafs"}, "webhooks": [entry("pods.drafs.dev", "/mutate"), entry("namespaces.drafs.dev", "/mutate/namespace")]}])
+}
+
+/// A kubeconfig for a stand-in API server on 127.0.0.1:`port` (plain HTTP).
+fn stand_in_kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\n    namespace: ml\ncurrent-context: fake\nusers:\n- name: u\n  user: {{}}\n"),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+/// A stand-in for an API server that lists `configurations` as the
+/// MutatingWebhookConfigurations, whose service proxy answers a webhook's
 /// `/healthz` with HTTP 500 and a chunked body of `limit` bytes (as good as
-/// endless), and every other request with a 404 Status: plain HTTP on
-/// loopback, one request per connection. Returns its port.
-fn endless_proxy_server(limit: usize) -> u16 {
+/// endless), and that answers every other request with a 404 Status: plain
+/// HTTP on loopback, one request per connection. Returns its port.
+fn stand_in_api_server(configurations: Value, limit: usize) -> u16 {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
+            let configurations = configurations.clone();
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut line = String::new();
@@ -383,13 +406,8 @@ fn endless_proxy_server(limit: usize) -> u16 {
                 let path = line.split_whitespace().nth(1).unwrap_or_default().to_string();
                 let mut out = stream;
                 if path.starts_with("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations") {
-                    let entry = |name: &str, path: &str| {
-                        json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                               "clientConfig": {"service": {"namespace": "drafs-system", "name": "drafs-webhook", "path": path, "port": 443}}})
-                    };
                     let body = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfigurationList",
-                        "metadata": {}, "items": [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                        "metadata": {"name": "drafs"}, "webhooks": [entry("pods.drafs.dev", "/mutate"), entry("namespaces.drafs.dev", "/mutate/namespace")]}]})
+                        "metadata": {}, "items": configurations})
                     .to_string();
                     let _ = write!(
                         out,
@@ -433,14 +451,9 @@ fn endless_proxy_server(limit: usize) -> u16 {
 /// its whole memory before (3.2 GB in 4 s).
 #[test]
 fn check_reads_a_bounded_prefix_of_what_the_service_proxy_answers() {
-    let port = endless_proxy_server(512 << 20);
+    let port = stand_in_api_server(service_configuration(), 512 << 20);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\n    namespace: ml\ncurrent-context: fake\nusers:\n- name: u\n  user: {{}}\n"),
-    )
-    .unwrap();
+    let kubeconfig = stand_in_kubeconfig(dir.path(), port);
     let home = tempfile::tempdir().unwrap();
     #[allow(clippy::zombie_processes)] // reaped below with wait4, which also gives its peak memory
     let mut child = std::process::Command::new(drafs_bin())
@@ -491,4 +504,44 @@ fn check_without_a_webhook_warns_and_passes_when_the_rbac_is_right() {
     assert_eq!(injection["status"], "warn", "{injection:#}");
     assert!(injection["message"].as_str().unwrap().contains("only from their manifests"), "{injection:#}");
     assert_eq!(named(&report, "rbac")["status"], "ok", "{report:#}");
+}
+
+/// Twenty configurations whose entries point at endpoints that accept and
+/// never answer: probed at once, within one --timeout (one after another,
+/// each up to twice the timeout, before: 20 x 2 x 2 s).
+#[test]
+fn check_probes_every_webhook_at_once_within_one_timeout() {
+    let mut held = Vec::new();
+    let mut configurations = Vec::new();
+    for i in 0..20 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accept, read nothing, answer nothing: a webhook hung in its handshake.
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            for stream in listener.incoming().flatten() {
+                kept.push(stream);
+            }
+        });
+        held.push(port);
+        configurations.push(
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": format!("drafs-{i}")},
+            "webhooks": [{"name": "pods.drafs.dev", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                          "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")}}]}),
+        );
+    }
+    let port = stand_in_api_server(Value::Array(configurations), 0);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = stand_in_kubeconfig(dir.path(), port);
+    let started = std::time::Instant::now();
+    let out = check_as(&kubeconfig, &["-o", "json", "--timeout", "2s"]);
+    let elapsed = started.elapsed();
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    let webhooks: Vec<&Value> =
+        report["checks"].as_array().unwrap().iter().filter(|c| c["name"] == "webhook").collect();
+    assert_eq!(webhooks.len(), 20, "{report:#}");
+    assert!(webhooks.iter().all(|w| w["status"] == "fail"), "{report:#}");
+    // The other requests go to the stand-in (404s at once): the probes are the wait.
+    assert!(elapsed < Duration::from_secs(8), "check took {elapsed:?} for 20 hanging webhooks with --timeout 2s");
 }

@@ -170,21 +170,45 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     checks.push(check::rbac(namespace, &account, answers));
     // The webhook, per entry.
     let now = i64::try_from(UnixTime::now().as_secs()).unwrap_or(i64::MAX);
-    // Entries that share an endpoint (both of drafs's do) share one probe.
-    let mut probed: Vec<(EndpointKey, Probe)> = Vec::new();
+    // Entries that share an endpoint (both of drafs's do) share one probe;
+    // the endpoints are probed at once, all within one --timeout.
+    let mut unique: Vec<(EndpointKey, &MutatingWebhook)> = Vec::new();
     for (_, entry) in &entries {
         let key = endpoint_key(&entry.client_config);
-        let probe = match probed.iter().find(|(k, _)| *k == key) {
-            Some((_, earlier)) => Probe {
-                entry: entry.name.clone(),
-                endpoint: endpoint_of(entry),
-                ca_bundle: entry.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                ..earlier.clone()
-            },
-            None => probe(client, c, entry).await,
+        if !unique.iter().any(|(k, _)| *k == key) {
+            unique.push((key, entry));
+        }
+    }
+    let deadline = tokio::time::Instant::now() + c.timeout;
+    let probed: Vec<(EndpointKey, Probe)> =
+        futures::future::join_all(unique.into_iter().map(|(key, entry)| async move {
+            let probe = match tokio::time::timeout_at(deadline, probe(client, c, entry)).await {
+                Ok(probe) => probe,
+                Err(_) => Probe {
+                    entry: entry.name.clone(),
+                    endpoint: endpoint_of(entry),
+                    server_name: String::new(),
+                    ca_bundle: entry.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+                    reach: Reach::Failed {
+                        error: format!("no answer within {}s", c.timeout.as_secs()),
+                        through: endpoint_of(entry),
+                    },
+                    served: None,
+                },
+            };
+            (key, probe)
+        }))
+        .await;
+    for (_, entry) in &entries {
+        let key = endpoint_key(&entry.client_config);
+        let Some((_, earlier)) = probed.iter().find(|(k, _)| *k == key) else { continue };
+        let probe = Probe {
+            entry: entry.name.clone(),
+            endpoint: endpoint_of(entry),
+            ca_bundle: entry.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
+            ..earlier.clone()
         };
         checks.push(check::webhook(&probe, now, c.warn_days));
-        probed.push((key, probe));
     }
     // The pod's drafs container.
     if let Some(pod) = &pod_value {
