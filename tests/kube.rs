@@ -1306,3 +1306,40 @@ fn admin_access_device_taints_and_a_claim_reserved_for_a_pod_group() {
     }
     assert_upstream_decodes(cp, &meta, &dir.join(".json"));
 }
+
+/// A user's overlay that sets the image with plain `images:` changes both the
+/// webhook's container and the image it injects into pods (DRAFS_IMAGE):
+/// before, the injected one stayed drafs:0.1.0 and every injected pod sat in
+/// ImagePullBackOff. Built with the real kustomize (kubectl's).
+#[test]
+fn an_overlay_that_sets_the_image_sets_the_injected_image_too() {
+    let Some(cp) = controlplane::shared() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cp_r = std::process::Command::new("cp").arg("-r").arg(repo_path("deploy/webhook")).arg(dir.path()).status();
+    assert!(cp_r.unwrap().success());
+    let overlay = dir.path().join("mine");
+    std::fs::create_dir(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "resources:\n- ../webhook\nimages:\n- name: drafs\n  newName: registry.example/drafs\n  newTag: \"0.2.0\"\n",
+    )
+    .unwrap();
+    let out = cp.kubectl(&["kustomize", overlay.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_docs(&stdout(&out));
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example/drafs:0.2.0");
+    let env = container["env"].as_array().unwrap();
+    let injected = env.iter().find(|e| e["name"] == "DRAFS_IMAGE").unwrap();
+    assert_eq!(injected["value"], "registry.example/drafs:0.2.0", "the image injected into pods");
+    // Nothing else in the Deployment's environment was taken for an image.
+    let base = cp.kubectl(&["kustomize", dir.path().join("webhook").to_str().unwrap()]);
+    let base_docs = yaml_docs(&stdout(&base));
+    let base_env = base_docs.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+    for (ours, theirs) in env.iter().zip(base_env.as_array().unwrap()) {
+        if ours["name"] != "DRAFS_IMAGE" {
+            assert_eq!(ours, theirs);
+        }
+    }
+}
