@@ -25,6 +25,8 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 }
 
 fn main() {
+    // Before anything else: a stop signal waits for its handler (cmd::Stop).
+    cmd::hold_stop_signals();
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) | Command::Check(_) => "warn",

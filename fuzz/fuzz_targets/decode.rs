@@ -2,7 +2,7 @@
 //! the claim decoder never panic, and the slice decoder keeps only wanted devices.
 #![no_main]
 
-use drafs::slices::{DeviceFilter, decode, decode_claim};
+use drafs::model::slices::{DeviceFilter, decode, decode_claim};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! output again changes nothing.
 #![no_main]
 
-use drafs::inject::{Mode, Options, inject};
+use drafs::admission::inject::{Mode, Options, inject};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,10 +2,10 @@
 //! the standard view. Never a panic; never a path outside the tree.
 #![no_main]
 
-use drafs::metadata::{self, Generations};
-use drafs::objects::FileObjects;
-use drafs::resolve::{Selection, resolve};
-use drafs::tree::{self, is_clean_relative};
+use drafs::model::metadata::{self, Generations};
+use drafs::model::objects::FileObjects;
+use drafs::model::resolve::{Selection, resolve};
+use drafs::model::tree::{self, is_clean_relative};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,5 +22,5 @@ fuzz_target!(|data: &[u8]| {
     for (path, _) in view.files() {
         assert!(is_clean_relative(path), "metadata path escapes: {path:?}");
     }
-    let _ = drafs::app::table(&res);
+    let _ = drafs::cmd::get::table(&res);
 });

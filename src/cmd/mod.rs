@@ -1,8 +1,9 @@
 //! The commands, one file each: turn the flags into a checked config (before
 //! any I/O), wire the pieces, and map the outcome to an exit code.
 //!
-//! Every command gets the same [`Stop`], listening for SIGTERM and SIGINT
-//! from before it starts, and decides what a stop means for it: the webhook
+//! Every command gets the same [`Stop`], listening for SIGTERM, SIGINT, SIGHUP
+//! and SIGQUIT, which `main` holds back from its first instruction until the
+//! handlers are in place, and decides what a stop means for it: the webhook
 //! drains, `serve` unmounts and exits 0, the others fail.
 //!
 //! May use: every layer below (`engine`, `admission`, `publish`, `model`).
@@ -122,31 +123,71 @@ pub async fn run(config: Config, stop: Stop) -> Result<(), Failure> {
     }
 }
 
-/// SIGTERM and SIGINT, listened for from its creation on: create it before a
+/// The signals that stop a command: SIGTERM (the kubelet), SIGINT (a
+/// terminal), SIGHUP and SIGQUIT (what a supervisor or a runtime may send,
+/// and what the FUSE supervisor passes on).
+const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+fn stop_signal_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for signal in STOP_SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+    }
+    set
+}
+
+/// Hold the stop signals back from the first instruction of `main` until
+/// [`Stop::install`] listens for them: one that comes meanwhile (while the
+/// runtime starts, or the FUSE server is forked) waits instead of taking its
+/// default action. Threads started meanwhile inherit the mask, so the signal
+/// goes to the main thread once it unblocks.
+pub fn hold_stop_signals() {
+    let set = stop_signal_set();
+    // SAFETY: a valid set; blocking signals in this thread only.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// The stop signals, listened for from its creation on: create it before a
 /// command starts, so that a signal that comes early never takes its default
 /// action (killing drafs with a FUSE tree mounted or an init half done).
 pub struct Stop {
-    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+    signals: Option<Vec<(tokio::signal::unix::Signal, &'static str)>>,
 }
 
 impl Stop {
-    /// Install the handlers (on the runtime: call it inside `block_on`).
+    /// Install the handlers (on the runtime: call it inside `block_on`), then
+    /// let the signals [`hold_stop_signals`] held back through: one that came
+    /// early is received now.
     pub fn install() -> Self {
         use tokio::signal::unix::{SignalKind, signal};
-        let signals = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(term), Ok(int)) => Some((term, int)),
-            _ => None,
-        };
+        let kinds = [
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::hangup(), "SIGHUP"),
+            (SignalKind::quit(), "SIGQUIT"),
+        ];
+        let signals: Option<Vec<_>> =
+            kinds.into_iter().map(|(kind, name)| signal(kind).ok().map(|s| (s, name))).collect();
+        let set = stop_signal_set();
+        // SAFETY: a valid set; the handlers are installed (or the default
+        // action is all there is, as before).
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
         Stop { signals }
     }
 
-    /// Resolves on SIGTERM or SIGINT, naming the signal (never, when the
-    /// handlers could not be installed).
+    /// Resolves on a stop signal, naming it (never, when the handlers could
+    /// not be installed).
     pub async fn signalled(self) -> &'static str {
-        let Some((mut term, mut int)) = self.signals else { return std::future::pending().await };
-        tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
+        let Some(signals) = self.signals else { return std::future::pending().await };
+        let waits = signals.into_iter().map(|(mut s, name)| Box::pin(async move { s.recv().await.map(|_| name) }));
+        match futures::future::select_all(waits).await {
+            (Some(name), _, _) => name,
+            // A signal stream never ends while the runtime runs.
+            (None, _, _) => std::future::pending().await,
         }
     }
 }

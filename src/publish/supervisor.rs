@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 
 use crate::publish::fuse;
 
-/// Signals the supervisor passes on to the server.
+/// Signals the supervisor passes on to the server (its stop signals, `cmd::Stop`).
 const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// Which process the caller now is.
