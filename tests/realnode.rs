@@ -401,6 +401,20 @@ fn start_webhook(node: &Node, dir: &std::path::Path) -> (std::process::Child, St
     (hook, metrics)
 }
 
+/// Wait until a server-side dry run of `pod` comes back with drafs in it: the
+/// API server picks up a new webhook configuration asynchronously.
+fn wait_for_injection(node: &Node, pod: &str) {
+    let picked_up = wait_for(Duration::from_secs(30), || {
+        let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(pod));
+        out.status.success() && stdout(&out).contains("\"name\": \"drafs\"")
+    });
+    assert!(
+        picked_up,
+        "the API server never called the webhook:\n{}",
+        std::fs::read_to_string(node.work().join("webhook.log")).unwrap_or_default()
+    );
+}
+
 /// The webhook's count of reviews answered, from its metrics (inside the node).
 fn reviews(node: &Node, metrics: &str) -> u64 {
     let out = node.in_node("busybox").args(["wget", "-qO-", &format!("http://{metrics}/metrics")]).output().unwrap();
@@ -442,16 +456,7 @@ fn restricted_namespaces_admit_drafs_from_inject_and_the_webhook() {
     let certs = tempfile::tempdir().unwrap();
     let (mut hook, metrics) = start_webhook(node, certs.path());
     let first = labelled(&gpu_pod(ns, "hook-init", "one-gpu"), "init");
-    // The API server picks up a new webhook configuration asynchronously.
-    let picked_up = wait_for(Duration::from_secs(30), || {
-        let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&first));
-        out.status.success() && stdout(&out).contains("\"name\": \"drafs\"")
-    });
-    assert!(
-        picked_up,
-        "the API server never called the webhook:\n{}",
-        std::fs::read_to_string(node.work().join("webhook.log")).unwrap_or_default()
-    );
+    wait_for_injection(node, &first);
     node.kubectl_apply(&first);
     node.kubectl_apply(&labelled(&gpu_pod(ns, "hook-files", "one-gpu"), "sidecar-files"));
     let denied = node
@@ -816,15 +821,7 @@ fn an_opted_in_namespace_gives_drafs_to_extended_resource_pods() {
     let certs = tempfile::tempdir().unwrap();
     let (mut hook, metrics) = start_webhook(node, certs.path());
     let pod = extended_pod(ns, "gpu", node::GPU_RESOURCE, &["app"]);
-    let picked_up = wait_for(Duration::from_secs(30), || {
-        let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&pod));
-        out.status.success() && stdout(&out).contains("\"name\": \"drafs\"")
-    });
-    assert!(
-        picked_up,
-        "the webhook never injected:\n{}",
-        std::fs::read_to_string(node.work().join("webhook.log")).unwrap_or_default()
-    );
+    wait_for_injection(node, &pod);
     node.kubectl_apply(&pod);
     let running = node.wait_running(ns, "gpu");
     assert_eq!(running["spec"]["initContainers"][0]["name"], "drafs");
