@@ -2,9 +2,10 @@
 //! first input byte picks `OptIn::Pod` or `OptIn::Namespace(mode)`; the rest
 //! is the body): never a panic; a review it answers is an AdmissionReview for
 //! the same uid, allowed unless denied; and a patch it returns is the one the
-//! answer carries, applies (RFC 6902, as the API server applies it) to the
-//! pod it was given, and makes of it what `drafs inject` makes of the whole
-//! pod, which `inject` then leaves as it is.
+//! answer carries, and (for a review that is JSON throughout, as an API
+//! server sends) applies (RFC 6902, as the API server applies it) to the pod
+//! it was given and makes of it what `drafs inject` makes of the whole pod,
+//! which `inject` then leaves as it is.
 #![no_main]
 
 use drafs::admission::decision::{self, INJECT_LABEL, OptIn, Verdict};
@@ -23,11 +24,14 @@ fuzz_target!(|data: &[u8]| {
         _ => OptIn::Namespace(Mode::SidecarFiles),
     };
     let Ok((answer, verdict)) = decision::review(body, IMAGE, opt_in) else { return };
-    let request: Value = serde_json::from_slice(body).expect("a reviewed body is JSON");
+    // The webhook reads only the parts of the review it uses: the rest may be
+    // what no JSON parser takes (bytes that are not UTF-8, numbers out of
+    // range, in a member it skips). Its uid is read as the webhook reads it.
+    let uid = serde_json::from_slice::<Envelope>(body).expect("a reviewed body has a request").request.uid;
     assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(answer["kind"], "AdmissionReview");
     let response = &answer["response"];
-    assert_eq!(response["uid"], request["request"]["uid"]);
+    assert_eq!(response["uid"], uid.expect("a reviewed request has a uid"));
     assert_eq!(response["allowed"], !matches!(verdict, Verdict::Denied { .. }), "{answer}");
     let Verdict::Patched { patch, .. } = verdict else {
         assert!(response.get("patch").is_none(), "a patch in an answer that is not Patched: {answer}");
@@ -40,6 +44,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(carried.0, patch.as_bytes(), "the answer carries another patch than the verdict's");
     let patch: Vec<Value> = serde_json::from_str(&patch).expect("the patch is a JSON array");
     assert!(patch.iter().all(|op| op["path"].as_str().is_some_and(|p| p.starts_with("/spec/"))), "{patch:?}");
+    // What follows needs the whole pod: a review an API server could send (JSON throughout).
+    let Ok(request) = serde_json::from_slice::<Value>(body) else { return };
     let pod = &request["request"]["object"];
     let mut patched = pod.clone();
     if let Err(e) = json_patch::apply(&mut patched, &patch) {
@@ -66,6 +72,18 @@ fuzz_target!(|data: &[u8]| {
     assert!(matches!(outcomes.as_slice(), [Outcome::AlreadyInjected(_)]), "{outcomes:?}");
     assert_eq!(again, patched, "inject changed a pod the webhook had patched");
 });
+
+/// The review's uid, its other members skipped (not parsed) as the webhook skips them.
+#[derive(serde::Deserialize)]
+struct Envelope {
+    request: Request,
+}
+
+#[derive(serde::Deserialize)]
+struct Request {
+    #[serde(default)]
+    uid: Option<Value>,
+}
 
 /// A JSON Patch (RFC 6902) applier for the operations the webhook sends
 /// (`add`, `remove`, `replace`), strict as the API server's: written here,
