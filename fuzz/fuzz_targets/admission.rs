@@ -54,10 +54,18 @@ fuzz_target!(|data: &[u8]| {
     // The webhook's options come from the pod (a pod of an opted-in namespace
     // without the label gets the namespace's mode): inject on the whole pod with them.
     let mut labelled = pod.clone();
-    if let OptIn::Namespace(mode) = opt_in {
-        if labelled.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).is_none() {
-            labelled["metadata"]["labels"][INJECT_LABEL] = mode.label().into();
+    if let OptIn::Namespace(mode) = opt_in
+        && labelled.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).is_none()
+    {
+        // Whatever shape the metadata had, the webhook read no label from it
+        // (indexing a null makes it an object; any other non-object would panic).
+        if !labelled["metadata"].is_object() {
+            labelled["metadata"] = Value::Null;
         }
+        if !labelled["metadata"]["labels"].is_object() {
+            labelled["metadata"]["labels"] = Value::Null;
+        }
+        labelled["metadata"]["labels"][INJECT_LABEL] = mode.label().into();
     }
     let opts = decision::options_of(&labelled, IMAGE).expect("a patched pod has valid options");
     let mut injected = pod.clone();
@@ -134,8 +142,7 @@ mod json_patch {
                 }
                 (Some("replace"), Value::Array(items)) => {
                     let new = value()?;
-                    *index(last).and_then(|i| items.get_mut(i)).ok_or_else(|| format!("bad array index: {op}"))? =
-                        new;
+                    *index(last).and_then(|i| items.get_mut(i)).ok_or_else(|| format!("bad array index: {op}"))? = new;
                 }
                 (Some("add" | "remove" | "replace"), _) => return Err(format!("the parent is a scalar: {op}")),
                 _ => return Err(format!("not an operation the webhook sends: {op}")),

@@ -10,12 +10,16 @@ use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 
 fn device(request: &str, index: usize, name: &str) -> ResolvedDevice {
+    device_of("gpu.example.com", "node-1", request, index, name)
+}
+
+fn device_of(driver: &str, pool: &str, request: &str, index: usize, name: &str) -> ResolvedDevice {
     ResolvedDevice {
         request: request.into(),
         full_request: request.into(),
         index,
-        driver: "gpu.example.com".into(),
-        pool: "node-1".into(),
+        driver: driver.into(),
+        pool: pool.into(),
         device: name.into(),
         share_id: None,
         attributes: Default::default(),
@@ -42,9 +46,22 @@ fn claim(pod_claim: &str, origin: ClaimOrigin, devices: Vec<ResolvedDevice>) -> 
 
 fn claims() -> Vec<ResolvedClaim> {
     vec![
-        claim("gpu", ClaimOrigin::Template, vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2"), device("nic", 0, "nic-1")]),
+        claim(
+            "gpu",
+            ClaimOrigin::Template,
+            vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2"), device("nic", 0, "nic-1")],
+        ),
         claim("other", ClaimOrigin::Named, vec![device("gpu", 0, "gpu-1")]),
         claim("gpu.example.com/gpu", ClaimOrigin::ExtendedResource, vec![device("app", 0, "gpu-3")]),
+        // The claim of examples/offline/unhealthy-gpu.yaml.
+        claim(
+            "gpus",
+            ClaimOrigin::Template,
+            vec![
+                device_of("gpu.nvidia.com", "gpu-node-7", "gpu", 0, "gpu-2"),
+                device_of("gpu.nvidia.com", "gpu-node-7", "gpu", 1, "gpu-3"),
+            ],
+        ),
     ]
 }
 
@@ -52,7 +69,8 @@ fn claims() -> Vec<ResolvedClaim> {
 /// kubelet names them (`claim:<pod claim>[/<request>]`).
 fn reported(pod: &Pod) -> Vec<(String, Option<String>)> {
     let Some(status) = &pod.status else { return Vec::new() };
-    let containers = [&status.container_statuses, &status.init_container_statuses, &status.ephemeral_container_statuses];
+    let containers =
+        [&status.container_statuses, &status.init_container_statuses, &status.ephemeral_container_statuses];
     let mut out = Vec::new();
     for container in containers.into_iter().flatten().flatten() {
         for entry in container.allocated_resources_status.iter().flatten() {
