@@ -155,9 +155,9 @@ const MAX_MESSAGE: usize = 2048;
 /// [`one_line`], cut at [`MAX_MESSAGE`] characters.
 fn shown(text: &str) -> String {
     let line = one_line(text);
-    match line.char_indices().nth(MAX_MESSAGE) {
-        Some((cut, _)) => format!("{}…", &line[..cut]),
-        None => line,
+    match crate::model::names::cut(&line, MAX_MESSAGE) {
+        (head, true) => format!("{head}…"),
+        (_, false) => line,
     }
 }
 

@@ -58,9 +58,9 @@ pub fn printable(text: &str) -> String {
 /// [`printable`], cut at `max` characters (an ellipsis says so): for one
 /// line an operator or the kubelet's probe output shows.
 pub fn printable_bounded(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", printable(&text[..cut])),
-        None => printable(text),
+    match crate::model::names::cut(text, max) {
+        (head, true) => format!("{}…", printable(head)),
+        (text, false) => printable(text),
     }
 }
 

@@ -70,10 +70,11 @@ fn unhealthy_devices(record: &Value) -> Vec<String> {
             if device["health"]["state"] != "Unhealthy" {
                 continue;
             }
-            // An extended resource's directory is its container's name.
-            let request = device["container"].as_str().or(device["request"].as_str()).unwrap_or("?");
-            let request =
-                if device["container"].is_string() { request } else { request.split('/').next().unwrap_or(request) };
+            // The tree directory: an extended resource's container, else the request before any `/`.
+            let request = match device["container"].as_str() {
+                Some(container) => container,
+                None => device["request"].as_str().and_then(|r| r.split('/').next()).unwrap_or("?"),
+            };
             let mut line = format!(
                 "{}/{request}/{} ({}/{}/{}) is Unhealthy",
                 claim["name"].as_str().unwrap_or("?"),

@@ -39,13 +39,20 @@ pub fn is_data_key(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// The first `max` characters of `text`, and whether that cut anything.
+pub fn cut(text: &str, max: usize) -> (&str, bool) {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => (&text[..at], true),
+        None => (text, false),
+    }
+}
+
 /// A name from an API object for a message: quoted and escaped (no control
 /// character reaches a terminal or a log raw), and cut short if long.
 pub fn quoted(name: &str) -> String {
-    const MAX: usize = 64;
-    match name.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{:?}…", &name[..cut]),
-        None => format!("{name:?}"),
+    match cut(name, 64) {
+        (head, true) => format!("{head:?}…"),
+        (name, false) => format!("{name:?}"),
     }
 }
 

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::extended;
+use crate::model::extended::{self, ExtendedClaim};
 use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
@@ -327,7 +327,8 @@ impl Resolution {
 
 /// Names of the ResourceClaim objects the pod uses, as far as its status tells.
 pub fn claim_names(pod: &Pod, selection: &Selection) -> Vec<String> {
-    let mut names: Vec<String> = pod_claims(pod, selection, &mut Vec::new())
+    let generated = extended::of_pod(pod, &mut Vec::new()).and_then(Result::ok);
+    let mut names: Vec<String> = pod_claims(pod, selection, generated.as_ref())
         .into_iter()
         .filter_map(|c| match c.source {
             ClaimSource::Named(name) => Some(name),
@@ -357,8 +358,9 @@ struct PodClaim {
 }
 
 /// The pod's claims and extended resources (restricted by the selection),
-/// each with where its object is.
-fn pod_claims(pod: &Pod, selection: &Selection, warnings: &mut Vec<String>) -> Vec<PodClaim> {
+/// each with where its object is; `generated` is the pod's claim for its
+/// extended resources, as `extended::of_pod` read it.
+fn pod_claims(pod: &Pod, selection: &Selection, generated: Option<&ExtendedClaim>) -> Vec<PodClaim> {
     let spec_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
     let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
     let selected = |name: &str| selection.claims.is_empty() || selection.claims.iter().any(|c| c == name);
@@ -384,34 +386,24 @@ fn pod_claims(pod: &Pod, selection: &Selection, warnings: &mut Vec<String>) -> V
             PodClaim { name: c.name.clone(), origin, source, requests: None }
         })
         .collect();
-    match extended::of_pod(pod, warnings) {
-        None => {}
-        Some(Err(problem)) => claims.push(PodClaim {
-            name: "extended resources".into(),
-            origin: ClaimOrigin::ExtendedResource,
-            source: ClaimSource::Invalid(problem),
-            requests: None,
-        }),
-        Some(Ok(generated)) => {
-            for resource in generated.resources() {
-                if !selected(resource) {
-                    continue;
-                }
-                let mut requests: Vec<(String, Vec<String>)> = Vec::new();
-                for r in generated.requests.iter().filter(|r| r.resource == resource) {
-                    match requests.iter_mut().find(|(container, _)| *container == r.container) {
-                        Some((_, list)) => list.push(r.request.clone()),
-                        None => requests.push((r.container.clone(), vec![r.request.clone()])),
-                    }
-                }
-                claims.push(PodClaim {
-                    name: resource.to_string(),
-                    origin: ClaimOrigin::ExtendedResource,
-                    source: ClaimSource::Named(generated.claim_name.clone()),
-                    requests: Some(requests),
-                });
+    let Some(generated) = generated else { return claims };
+    for resource in generated.resources() {
+        if !selected(resource) {
+            continue;
+        }
+        let mut requests: Vec<(String, Vec<String>)> = Vec::new();
+        for r in generated.requests.iter().filter(|r| r.resource == resource) {
+            match requests.iter_mut().find(|(container, _)| *container == r.container) {
+                Some((_, list)) => list.push(r.request.clone()),
+                None => requests.push((r.container.clone(), vec![r.request.clone()])),
             }
         }
+        claims.push(PodClaim {
+            name: resource.to_string(),
+            origin: ClaimOrigin::ExtendedResource,
+            source: ClaimSource::Named(generated.claim_name.clone()),
+            requests: Some(requests),
+        });
     }
     claims
 }
@@ -515,17 +507,25 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
         };
     };
     let mut out = Resolution { pod: PodIdentity::of(pod), ..Default::default() };
-    let claims = pod_claims(pod, selection, &mut out.warnings);
+    let generated = match extended::of_pod(pod, &mut out.warnings) {
+        Some(Err(problem)) => {
+            out.missing.push(Missing::Invalid { what: "pod status.extendedResourceClaimStatus".into(), problem });
+            None
+        }
+        other => other.and_then(Result::ok),
+    };
+    let claims = pod_claims(pod, selection, generated.as_ref());
     let scheduled = out.pod.node.is_some();
     // Extended resources are known to be DRA's only once the scheduler chose
     // (it records the claim before it binds the pod).
-    let asks_extended = !extended::requested(pod).is_empty();
+    let requested = extended::requested(pod);
+    let asks_extended = !requested.is_empty();
     let extended_status = pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some());
     let declared = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
     if !declared && !extended_status && (scheduled || !asks_extended) {
         let (pod_ns, pod_name) = (&out.pod.namespace, &out.pod.name);
         out.warnings.push(if asks_extended {
-            let names: Vec<String> = extended::requested(pod).into_iter().collect();
+            let names: Vec<String> = requested.into_iter().collect();
             format!(
                 "pod {pod_ns}/{pod_name} uses no resource claims and got none of its extended resources ({}) through DRA (no DeviceClass names them, or a device plugin serves them): the tree has no device",
                 names.join(", ")
@@ -550,10 +550,7 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
                 .unwrap_or_default();
             out.missing.push(Missing::UnknownClaim { name: wanted.clone(), available });
         } else if scheduled {
-            let available = match extended::of_pod(pod, &mut Vec::new()) {
-                Some(Ok(generated)) => generated.resources().into_iter().map(str::to_string).collect(),
-                _ => Vec::new(),
-            };
+            let available = generated.iter().flat_map(ExtendedClaim::resources).map(str::to_string).collect::<Vec<_>>();
             out.missing.push(Missing::UnknownExtendedResource { name: wanted.clone(), available });
         } else {
             waits_for_scheduling = true;
@@ -596,13 +593,10 @@ pub fn resolve(snapshot: &Snapshot, selection: &Selection) -> Resolution {
     out
 }
 
-/// How a message names a claim directory: `claim gpu`, or `extended resource gpu.example.com/gpu`.
+/// How a message names a claim directory: `claim gpu`, or `extended resource
+/// gpu.example.com/gpu` (a pod claim's name, a DNS label, never has a `/`).
 fn subject(pod_claim: &str) -> String {
-    if pod_claim.contains('/') || pod_claim.contains(' ') {
-        format!("extended resource {pod_claim}")
-    } else {
-        format!("claim {pod_claim}")
-    }
+    if pod_claim.contains('/') { format!("extended resource {pod_claim}") } else { format!("claim {pod_claim}") }
 }
 
 fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: &PodClaim, claim: &ResourceClaim) {
