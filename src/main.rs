@@ -27,6 +27,8 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 fn main() {
     // Before anything else: a stop signal waits for its handler (cmd::Stop).
     cmd::hold_stop_signals();
+    // A panic aborts the process, except one while deciding a webhook review.
+    drafs::admission::contain::install_panic_policy();
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Get(_) | Command::Probe(_) | Command::Exec(_) | Command::Manifests(_) | Command::Check(_) => "warn",

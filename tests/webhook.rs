@@ -146,6 +146,39 @@ fn reviews_are_counted_and_timed_in_the_metrics() {
 }
 
 #[test]
+fn a_panic_deciding_a_review_fails_that_review_alone_and_the_webhook_keeps_serving() {
+    // The tests' (debug) binary panics on a review holding this marker.
+    let marker = "panic-marker-5e1f";
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let hook = WebhookProcess::start_with(
+        "registry.example/drafs:test",
+        &["--metrics-addr", &metrics_addr],
+        &[("DRAFS_TEST_PANIC_ON", marker)],
+    );
+    let ca = hook.ca();
+    let panicking = review(json!({"drafs.dev/inject": "init", "note": marker}));
+    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &panicking).unwrap();
+    assert_eq!(status, 500, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("could not decide this review"));
+    // A large review is decided on its own thread: a panic there is contained too.
+    let mut large = pod_review(3000);
+    let at = large.len() - 2;
+    large.splice(at..at, format!(",\"note\":\"{marker}\"").into_bytes());
+    let (status, _) = request(hook.addr, &ca, "POST", "/mutate", &large).unwrap();
+    assert_eq!(status, 500, "{}", hook.log_text());
+    // The process lives and goes on answering, small and large reviews alike.
+    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &review(json!({"drafs.dev/inject": "init"}))).unwrap();
+    assert!(status == 200 && patched(&body), "{status}: {}", hook.log_text());
+    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &pod_review(3000)).unwrap();
+    assert!(status == 200 && patched(&body), "{status}: {}", hook.log_text());
+    let text = metrics_text(&metrics_addr);
+    assert!(text.contains("drafs_webhook_reviews_total{verdict=\"panicked\"} 2\n"), "{text}");
+    assert!(text.contains("drafs_webhook_reviews_total{verdict=\"patched\"} 2\n"), "{text}");
+    let log = hook.log_text();
+    assert!(log.contains("contained a panic") && log.contains("DRAFS_TEST_PANIC_ON matched"), "{log}");
+}
+
+#[test]
 fn bad_certificates_and_addresses_fail_at_start_with_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     tls::ca(dir.path(), "ca").unwrap();

@@ -33,6 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, info, warn};
 
+use crate::admission::contain::contain;
 use crate::admission::decision::{self as admission, OptIn};
 use crate::admission::inject::Mode;
 use crate::publish::metrics::Exposition;
@@ -557,8 +558,32 @@ async fn read_body(
     Ok((body, permit))
 }
 
-/// The answer to one review body: (status, content type, body, verdict label).
-fn answer(body: &[u8], image: &str, opt_in: OptIn) -> (StatusCode, &'static str, Bytes, &'static str) {
+/// An answer: (status, content type, body, verdict label).
+type Answer = (StatusCode, &'static str, Bytes, &'static str);
+
+/// The answer to one review body. A panic while deciding it (a bug) fails
+/// this review alone: 500, counted as verdict `panicked`, and the webhook
+/// keeps serving the others.
+fn answer(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
+    contained(|| decide(body, image, opt_in))
+}
+
+fn contained(decide: impl FnOnce() -> Answer) -> Answer {
+    contain(decide).unwrap_or_else(|_| {
+        let message = "internal error: drafs could not decide this review (a bug, logged by the webhook)\n";
+        (StatusCode::INTERNAL_SERVER_ERROR, "text/plain", Bytes::from(message), "panicked")
+    })
+}
+
+fn decide(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
+    // Debug builds only (the tests' binary): a review holding the bytes of
+    // DRAFS_TEST_PANIC_ON panics, to show that the panic stays contained.
+    #[cfg(debug_assertions)]
+    if let Some(marker) = std::env::var_os("DRAFS_TEST_PANIC_ON").filter(|m| !m.is_empty()) {
+        if body.windows(marker.len()).any(|w| w == marker.as_encoded_bytes()) {
+            panic!("DRAFS_TEST_PANIC_ON matched this review");
+        }
+    }
     match admission::review(body, image, opt_in) {
         Ok((answer, verdict)) => {
             if let admission::Verdict::Denied { message } = &verdict {

@@ -31,6 +31,11 @@ impl WebhookProcess {
 
     /// [`start`](Self::start), injecting `image` (as a Deployment sets `DRAFS_IMAGE`).
     pub fn start_with_image(image: &str, extra: &[&str]) -> WebhookProcess {
+        Self::start_with(image, extra, &[])
+    }
+
+    /// [`start_with_image`](Self::start_with_image), with `env` added to the process's environment.
+    pub fn start_with(image: &str, extra: &[&str], env: &[(&str, &str)]) -> WebhookProcess {
         let dir = tempfile::tempdir().unwrap();
         super::tls::ca(dir.path(), "ca").unwrap();
         super::tls::serving(dir.path(), "ca", "tls", "IP:127.0.0.1,DNS:localhost", 2).unwrap();
@@ -48,6 +53,7 @@ impl WebhookProcess {
             .arg(secret.join("tls.key"))
             .args(extra)
             .env("DRAFS_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
