@@ -12,7 +12,7 @@ use drafs::engine::{EngineError, PodRef};
 use std::path::Path;
 use std::sync::Arc;
 
-use drafs::engine::drive::{DriveError, drive, resolve_once};
+use drafs::engine::drive::{DriveError, drive};
 use drafs::engine::reconcile::{Input, Mode, Reconciler, Step};
 use drafs::engine::source::Engine;
 use drafs::model::resolve::{Resolution, Selection};
@@ -37,7 +37,7 @@ async fn run(
     reconciler: &mut Reconciler,
     steps: &mut Vec<Step>,
 ) -> Result<Resolution, EngineError> {
-    let mut step = reconciler.start();
+    let mut step = reconciler.start(std::time::Instant::now());
     loop {
         engine.execute(std::mem::take(&mut step.actions));
         if let Some(done) = step.done.take() {
@@ -46,7 +46,7 @@ async fn run(
         }
         steps.push(step);
         let input = engine.next().await;
-        step = reconciler.handle(input);
+        step = reconciler.handle(std::time::Instant::now(), input);
     }
 }
 
@@ -111,7 +111,7 @@ fn serve_follows_with_one_watch_per_scope() {
         let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None);
         let mut reconciler =
             Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
-        let mut step = reconciler.start();
+        let mut step = reconciler.start(std::time::Instant::now());
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut changed = false;
         loop {
@@ -131,9 +131,11 @@ fn serve_follows_with_one_watch_per_scope() {
                 changed = true;
             }
             assert!(Instant::now() < deadline, "the change did not arrive");
-            step = tokio::time::timeout(Duration::from_secs(30), async { reconciler.handle(engine.next().await) })
-                .await
-                .unwrap();
+            step = tokio::time::timeout(Duration::from_secs(30), async {
+                reconciler.handle(std::time::Instant::now(), engine.next().await)
+            })
+            .await
+            .unwrap();
         }
         let mut watches: Vec<String> = api
             .requests()
@@ -186,7 +188,7 @@ fn a_silent_watch_is_restarted() {
             .with_watch_idle(Duration::from_millis(300));
         let mut reconciler =
             Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
-        let mut step = reconciler.start();
+        let mut step = reconciler.start(std::time::Instant::now());
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut restarts = Vec::new();
         // Until a silent watch was given up and watched again (from the version
@@ -199,7 +201,7 @@ fn a_silent_watch_is_restarted() {
             if let Input::Failed { error, .. } = &input {
                 restarts.push(error.to_string());
             }
-            step = reconciler.handle(input);
+            step = reconciler.handle(std::time::Instant::now(), input);
         }
         assert!(restarts.iter().all(|r| r.contains("silent for 300 ms")), "{restarts:?}");
         assert_eq!(api.requests().iter().filter(|r| r.verb == "list").count(), 2, "no relist");
@@ -349,9 +351,11 @@ fn resolve_once_says_what_is_missing_without_waiting() {
 
     block_on(async {
         let started = Instant::now();
-        let res = resolve_once(client(&env).await, pod_ref("ml", "p"), Selection::default(), Duration::from_secs(60))
-            .await
-            .unwrap();
+        // As `get` and `exec` resolve: once, publishing nothing.
+        let deadline = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), deadline);
+        let mut reconciler = Reconciler::new(Mode::Once, pod_ref("ml", "p"), Selection::default(), vec![]);
+        let res = drive(&mut engine, &mut reconciler, None, true).await.unwrap();
         assert!(!res.is_complete());
         assert!(!res.missing.is_empty());
         assert!(started.elapsed() < Duration::from_secs(10), "did not wait for the allocation");

@@ -2,50 +2,37 @@
 //! I/O: a bad combination is a usage error (exit 2) before anything starts,
 //! and the code below `cmd` never sees a flag.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cmd::Failure;
 use crate::cmd::cli::{OutputArgs, SelectArgs, SourceArgs};
+pub use crate::engine::run::Source;
+use crate::engine::run::{Publishing, TreeBackend};
 use crate::model::resolve::Selection;
-use crate::model::tree::RequirePath;
-use crate::publish::events::EventsMode;
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
-/// Where the pod's objects come from.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// A file of objects (`-`: standard input), and which of its pods.
-    File { path: PathBuf, pod_name: Option<String> },
-    /// The API server, with the cluster's credentials.
-    Api {
-        pod_name: String,
-        /// None: the kubeconfig context's.
-        namespace: Option<String>,
-    },
-}
-
-impl Source {
-    pub fn from_args(args: &SourceArgs) -> Result<Self, Failure> {
-        if let Some(path) = &args.from_file {
-            return Ok(Source::File { path: path.clone(), pod_name: args.pod_name.clone() });
-        }
-        let pod_name =
-            args.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
-                || {
-                    Failure::Usage(
-                        "cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into(),
-                    )
-                },
-            )?;
-        let namespace = args
-            .pod_namespace
-            .clone()
-            .or_else(|| std::fs::read_to_string(SA_NAMESPACE_FILE).ok().map(|s| s.trim().to_string()));
-        Ok(Source::Api { pod_name, namespace })
+/// Where the pod's objects come from: `--from-file`, or the API server and
+/// which pod (`--pod-name` or `POD_NAME`, else `HOSTNAME`; the namespace from
+/// `--pod-namespace`, else the service account's).
+pub fn source(args: &SourceArgs) -> Result<Source, Failure> {
+    if let Some(path) = &args.from_file {
+        return Ok(Source::File { path: path.clone(), pod_name: args.pod_name.clone() });
     }
+    let pod_name =
+        args.pod_name.clone().or_else(|| std::env::var("HOSTNAME").ok()).filter(|n| !n.is_empty()).ok_or_else(
+            || {
+                Failure::Usage(
+                    "cannot tell which pod to read: set POD_NAME (downward API metadata.name) or --pod-name".into(),
+                )
+            },
+        )?;
+    let namespace = args
+        .pod_namespace
+        .clone()
+        .or_else(|| std::fs::read_to_string(SA_NAMESPACE_FILE).ok().map(|s| s.trim().to_string()));
+    Ok(Source::Api { pod_name, namespace })
 }
 
 /// What to resolve and how long to wait for it.
@@ -62,30 +49,26 @@ impl Select {
     }
 }
 
-/// Where and how `init` and `serve` publish.
+/// Where and how `init` and `serve` publish, and where a failure is told.
 #[derive(Debug, Clone)]
 pub struct Output {
-    pub dir: PathBuf,
-    pub metadata_dir: Option<PathBuf>,
-    pub metadata_from_drivers: Vec<String>,
-    pub require: Vec<RequirePath>,
+    pub publishing: Publishing,
     pub termination_log: PathBuf,
-    pub metrics_addr: Option<SocketAddr>,
-    pub events: EventsMode,
 }
 
 impl Output {
-    pub fn from_args(args: &OutputArgs) -> Result<Self, Failure> {
+    pub fn from_args(args: &OutputArgs, backend: TreeBackend) -> Result<Self, Failure> {
         check_output_dirs(&args.dir, args.metadata_dir.as_deref())?;
-        Ok(Output {
+        let publishing = Publishing {
+            backend,
             dir: args.dir.clone(),
             metadata_dir: args.metadata_dir.clone(),
             metadata_from_drivers: args.metadata_from_drivers.clone(),
             require: args.require.clone(),
-            termination_log: args.termination_log.clone(),
             metrics_addr: args.metrics_addr,
             events: args.events,
-        })
+        };
+        Ok(Output { publishing, termination_log: args.termination_log.clone() })
     }
 }
 

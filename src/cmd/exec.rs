@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tracing::info;
 
 use crate::cmd::cli::ExecArgs;
-use crate::cmd::config::{Select, Source};
+use crate::cmd::config::{self, Select, Source};
 use crate::cmd::get::printable;
 use crate::cmd::{Failure, resolve_once};
 use crate::model::envvars::{self, EnvSpec, ValueSource};
@@ -38,7 +38,7 @@ impl Config {
             args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
         let values = match &args.from_dir {
             Some(dir) => Values::Dir(dir.clone()),
-            None => Values::Resolved(Source::from_args(&args.source)?, Select::from_args(&args.select)),
+            None => Values::Resolved(config::source(&args.source)?, Select::from_args(&args.select)),
         };
         Ok(Config {
             env: args.env.clone(),

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use crate::cmd::cli::{GetArgs, Output};
-use crate::cmd::config::{Select, Source};
+use crate::cmd::config::{self, Select, Source};
 use crate::cmd::{Failure, log_tree_warnings, resolve_once};
 use crate::model::layout;
 use crate::model::resolve::{ClaimOrigin, Resolution};
@@ -19,7 +19,7 @@ pub struct Config {
 
 impl Config {
     pub fn from_args(args: &GetArgs) -> Result<Self, Failure> {
-        let (source, select) = (Source::from_args(&args.source)?, Select::from_args(&args.select));
+        let (source, select) = (config::source(&args.source)?, Select::from_args(&args.select));
         Ok(Config { output: args.output, source, select })
     }
 }

@@ -10,20 +10,13 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::EngineError;
-use crate::engine::drive::{self, DriveError};
-use crate::engine::file::resolve_file;
-use crate::engine::reconcile::{Mode, Reconciler};
-use crate::engine::source::{Engine, connect};
+use crate::engine::drive::DriveError;
+use crate::engine::run::{Run, RunError, TreeBackend};
 use crate::model::resolve::Resolution;
-use crate::model::tree::{self, BuiltTree, RequirePath};
-use crate::publish::events::{self, Events, Note};
-use crate::publish::files::AtomicDir;
-use crate::publish::metrics::{self, Metrics};
-use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
+use crate::model::tree::BuiltTree;
 
 pub mod check;
 pub mod cli;
@@ -39,8 +32,8 @@ pub mod serve;
 pub mod unmount;
 pub mod webhook;
 
-use cli::{Backend, Command, ManifestsCommand};
-use config::{Output, Select, Source};
+use cli::{Command, ManifestsCommand};
+use config::{Select, Source};
 
 /// How a command failed; the exit code follows from it.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +93,7 @@ impl Config {
     /// The directory of a FUSE tree this command serves (it runs under a supervisor).
     pub fn fuse_dir(&self) -> Option<&Path> {
         match self {
-            Config::Serve(c) if c.backend == Backend::Fuse => Some(&c.output.dir),
+            Config::Serve(c) if c.output.publishing.backend == TreeBackend::Fuse => Some(&c.output.publishing.dir),
             _ => None,
         }
     }
@@ -213,34 +206,13 @@ async fn blocking(stop: Stop, work: impl FnOnce() -> Result<(), Failure> + Send 
 
 /// Resolve once, from the file or the API, without waiting for what is missing.
 async fn resolve_once(source: &Source, select: &Select) -> Result<Resolution, Failure> {
-    match source {
-        Source::File { path, pod_name } => {
-            resolve_file(path, pod_name.as_deref(), &select.selection).map_err(|e| Failure::Failed(e.to_string()))
-        }
-        Source::Api { pod_name, namespace } => {
-            let (client, pod) = connect(pod_name.clone(), namespace.clone()).await.map_err(usage)?;
-            drive::resolve_once(client, pod, select.selection.clone(), select.timeout)
-                .await
-                .map_err(|e| run_failure(e, select.timeout))
-        }
-    }
+    Run::resolve_once(source, select.selection.clone(), select.timeout)
+        .await
+        .map_err(|e| run_failure(e, select.timeout))
 }
 
 fn usage(e: impl std::fmt::Display) -> Failure {
     Failure::Usage(e.to_string())
-}
-
-/// The tree of the file's pod (`init`, `serve`), its warnings logged.
-fn file_tree(
-    path: &Path,
-    pod_name: Option<&str>,
-    select: &Select,
-    require: &[RequirePath],
-) -> Result<(Resolution, BuiltTree), Failure> {
-    let res = resolve_file(path, pod_name, &select.selection).map_err(|e| Failure::Failed(e.to_string()))?;
-    let built = tree::build(&res, require);
-    log_tree_warnings(&res, &built);
-    Ok((res, built))
 }
 
 /// Warnings of laying out the tree (entries dropped on a path conflict) that the
@@ -251,12 +223,15 @@ fn log_tree_warnings(res: &Resolution, built: &BuiltTree) {
     }
 }
 
-/// A run's failure, the deadline said in the flag's terms.
-fn run_failure(e: DriveError, timeout: Duration) -> Failure {
+/// A run's failure in the flags' terms: the deadline as `--timeout` said it,
+/// an address `--metrics-addr` gave; credentials and addresses are usage errors.
+fn run_failure(e: RunError, timeout: Duration) -> Failure {
     match e {
-        DriveError::Engine(EngineError::Timeout { waiting_for }) => {
+        RunError::Drive(DriveError::Engine(EngineError::Timeout { waiting_for })) => {
             Failure::Failed(format!("not ready after {}: {}", humanize(timeout), waiting_for.join("; ")))
         }
+        RunError::MetricsAddr { addr, source } => Failure::Usage(format!("--metrics-addr {addr}: {source}")),
+        e @ RunError::Credentials(_) => usage(e),
         other => Failure::Failed(other.to_string()),
     }
 }
@@ -271,16 +246,6 @@ fn humanize(d: Duration) -> String {
     }
 }
 
-/// Metrics for a run; serves them when `addr` is set.
-async fn start_metrics(addr: Option<std::net::SocketAddr>) -> Result<Arc<Metrics>, Failure> {
-    let m = Arc::new(Metrics::default());
-    if let Some(addr) = addr {
-        let listener = metrics::bind(addr).await.map_err(|e| Failure::Usage(format!("--metrics-addr {addr}: {e}")))?;
-        tokio::spawn(metrics::serve(listener, m.clone()));
-    }
-    Ok(m)
-}
-
 /// A failure's message also goes to the termination log, for `kubectl describe pod`.
 fn logged(termination_log: &Path, result: Result<(), Failure>) -> Result<(), Failure> {
     if let Err(Failure::Failed(message)) = &result {
@@ -290,71 +255,4 @@ fn logged(termination_log: &Path, result: Result<(), Failure>) -> Result<(), Fai
         }
     }
     result
-}
-
-/// A run against the API server that publishes (`init`, `serve`): the
-/// outputs, the engine and the reconciler, wired.
-struct Publishing {
-    outputs: Outputs,
-    engine: Engine,
-    reconciler: Reconciler,
-}
-
-impl Publishing {
-    /// Connect, and wire `publisher` to a reconciler in `mode` (`serve` names its backend).
-    #[allow(clippy::too_many_arguments)]
-    async fn connect(
-        pod_name: &str,
-        namespace: &Option<String>,
-        mode: Mode,
-        backend: Option<Backend>,
-        select: &Select,
-        out: &Output,
-        publisher: Publisher,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, Failure> {
-        let (client, pod) = connect(pod_name.to_string(), namespace.clone()).await.map_err(usage)?;
-        let shown = format!("{}/{}", pod.namespace, pod.name);
-        match backend {
-            Some(backend) => tracing::info!(pod = %shown, ?backend, "resolving"),
-            None => tracing::info!(pod = %shown, "resolving"),
-        }
-        let events = Events::start(client.clone(), pod.clone(), out.events);
-        let outputs = Outputs::new(publisher, metrics.clone(), events, &out.dir);
-        let engine = Engine::new(client, pod.clone(), drive::deadline(select.timeout)).with_metrics(Some(metrics));
-        let reconciler = Reconciler::new(mode, pod, select.selection.clone(), out.require.clone());
-        Ok(Publishing { outputs, engine, reconciler })
-    }
-
-    /// Drive until the run is done.
-    async fn drive(&mut self, fail_on_output_error: bool) -> Result<Resolution, DriveError> {
-        drive::drive(&mut self.engine, &mut self.reconciler, Some(&mut self.outputs), fail_on_output_error).await
-    }
-
-    /// Stop asking the API, record why the run failed on the pod, and send the Events.
-    async fn fail(self, failure: Failure) -> Failure {
-        let Publishing { outputs, engine, reconciler } = self;
-        drop(engine);
-        let message = failure.to_string();
-        outputs.record(Note { warning: true, reason: events::NOT_READY, message, uid: reconciler.pod_uid() });
-        outputs.finish().await;
-        failure
-    }
-
-    /// Send the Events still queued.
-    async fn finish(self) {
-        drop(self.engine);
-        self.outputs.finish().await;
-    }
-}
-
-/// The tree's directory, taken for this writer (a second one is refused).
-fn open_dir(dir: &Path) -> Result<AtomicDir, Failure> {
-    AtomicDir::open(dir).map_err(|e| Failure::Failed(format!("tree: {e}")))
-}
-
-/// The fan-out to `tree` and, when asked, the standard view.
-fn publisher(tree: TreeOutput, out: &Output) -> Result<Publisher, Failure> {
-    Publisher::new(tree, out.metadata_dir.as_deref(), &out.metadata_from_drivers)
-        .map_err(|e| Failure::Failed(e.to_string()))
 }

@@ -3,18 +3,17 @@
 
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::cmd::cli::{Backend, ServeArgs};
-use crate::cmd::config::{Output, Select, Source};
-use crate::cmd::{Failure, Publishing, Stop, file_tree, logged, open_dir, publisher, run_failure};
+use crate::cmd::config::{self, Output, Select, Source};
+use crate::cmd::{Failure, Stop, logged, run_failure};
 use crate::engine::reconcile::Mode;
-use crate::publish::fuse::{FuseMount, is_mounted_id};
-use crate::publish::outputs::TreeOutput;
+use crate::engine::run::{Run, TreeBackend};
+use crate::publish::fuse::is_mounted_id;
 
 #[derive(Debug)]
 pub struct Config {
-    pub backend: Backend,
     pub source: Source,
     pub select: Select,
     pub output: Output,
@@ -22,9 +21,12 @@ pub struct Config {
 
 impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Self, Failure> {
-        let output = Output::from_args(&args.output)?;
-        let (source, select) = (Source::from_args(&args.source)?, Select::from_args(&args.select));
-        Ok(Config { backend: args.backend, source, select, output })
+        let backend = match args.backend {
+            Backend::Fuse => TreeBackend::Fuse,
+            Backend::Files => TreeBackend::Files,
+        };
+        let output = Output::from_args(&args.output, backend)?;
+        Ok(Config { source: config::source(&args.source)?, select: Select::from_args(&args.select), output })
     }
 }
 
@@ -42,47 +44,22 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
 }
 
 async fn serve(c: &Config) -> Result<(), Failure> {
-    let out = &c.output;
-    let metrics = crate::cmd::start_metrics(out.metrics_addr).await?;
-    let tree_output = match c.backend {
-        Backend::Fuse => TreeOutput::Fuse(
-            FuseMount::mount(&out.dir, Some(metrics.clone())).map_err(|e| Failure::Failed(e.to_string()))?,
-        ),
-        Backend::Files => TreeOutput::Files(open_dir(&out.dir)?),
-    };
-    let mount_id = match &tree_output {
-        TreeOutput::Fuse(m) => m.mount_id(),
-        TreeOutput::Files(_) => None,
-    };
-    let mut publisher = publisher(tree_output, out)?;
-    let (pod_name, namespace) = match &c.source {
-        Source::File { path, pod_name } => {
-            let (res, built) = file_tree(path, pod_name.as_deref(), &c.select, &out.require)?;
-            publisher.publish(&res, &built).map_err(|e| Failure::Failed(e.to_string()))?;
-            metrics.tree_published(built.is_ready(), built.tree.len(), &built.missing);
-            metrics.device_health(&res);
-            if !built.is_ready() {
-                warn!("not ready: {}", built.missing.join("; "));
-            }
-            info!(dir = %out.dir.display(), files = built.tree.len(), ready = built.is_ready(), "serving a file's resolution until stopped");
-            mount_lost(mount_id).await;
-            return Err(mount_removed(&out.dir));
-        }
-        Source::Api { pod_name, namespace } => (pod_name, namespace),
-    };
-    let mut run =
-        Publishing::connect(pod_name, namespace, Mode::Follow, Some(c.backend), &c.select, out, publisher, metrics)
-            .await?;
-    // Serve has no end but a signal: drive only returns with an error, and the
-    // mount only goes away if someone removes it.
+    let (select, publishing) = (&c.select, &c.output.publishing);
+    let mut run = Run::publishing(&c.source, Mode::Follow, select.selection.clone(), select.timeout, publishing)
+        .await
+        .map_err(|e| run_failure(e, select.timeout))?;
+    // Serve has no end but a signal: the drive only returns with an error,
+    // and the mount only goes away if someone removes it.
+    let mount_id = run.mount_id();
     let failure = tokio::select! {
-        result = run.drive(false) => match result {
+        result = run.drive() => match result {
             Ok(_) => return Ok(()),
-            Err(e) => run_failure(e, c.select.timeout),
+            Err(e) => run_failure(e.into(), select.timeout),
         },
-        () = mount_lost(mount_id) => mount_removed(&out.dir),
+        () = mount_lost(mount_id) => mount_removed(&publishing.dir),
     };
-    Err(run.fail(failure).await)
+    run.fail(failure.to_string()).await;
+    Err(failure)
 }
 
 fn mount_removed(dir: &std::path::Path) -> Failure {

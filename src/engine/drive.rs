@@ -10,10 +10,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::engine::EngineError;
-use crate::engine::reconcile::{Input, Mode, Phase, Reconciler, Step};
+use crate::engine::reconcile::{Action, Input, Phase, Reconciler, Step};
 use crate::engine::source::{Engine, sleep_until_opt};
-use crate::model::PodRef;
-use crate::model::resolve::{Resolution, Selection};
+use crate::model::resolve::Resolution;
 use crate::publish::outputs::{Outputs, PublishError, Written};
 
 /// Why a run ended without a result.
@@ -23,6 +22,31 @@ pub enum DriveError {
     Engine(#[from] EngineError),
     #[error("cannot write the outputs: {0}")]
     Output(#[from] PublishError),
+}
+
+/// Where the reconciler's inputs come from: the API server ([`Engine`]) or a
+/// file ([`FileFeed`](crate::engine::file::FileFeed)).
+pub trait Feed {
+    /// Carry out the reconciler's actions (their answers come as inputs).
+    fn execute(&mut self, actions: Vec<Action>);
+    /// The inputs queued, at least one (waits for it).
+    fn next_batch(&mut self) -> impl std::future::Future<Output = Vec<Input>>;
+    /// The run is ready: its deadline no longer applies.
+    fn clear_deadline(&mut self) {}
+}
+
+impl Feed for Engine {
+    fn execute(&mut self, actions: Vec<Action>) {
+        Engine::execute(self, actions)
+    }
+
+    async fn next_batch(&mut self) -> Vec<Input> {
+        Engine::next_batch(self).await
+    }
+
+    fn clear_deadline(&mut self) {
+        Engine::clear_deadline(self)
+    }
 }
 
 /// What woke the drive loop.
@@ -37,12 +61,12 @@ enum Wake {
 /// failed write ends the run only when `fail_on_output_error` (`init`), else
 /// it is retried (`serve`).
 pub async fn drive(
-    engine: &mut Engine,
+    engine: &mut impl Feed,
     reconciler: &mut Reconciler,
     mut outputs: Option<&mut Outputs>,
     fail_on_output_error: bool,
 ) -> Result<Resolution, DriveError> {
-    let mut step = reconciler.start();
+    let mut step = reconciler.start(std::time::Instant::now());
     loop {
         for w in step.warnings.drain(..) {
             warn!("{w}");
@@ -75,9 +99,9 @@ pub async fn drive(
             Wake::Inputs(inputs) => {
                 // While a tree is being written, inputs only go into the state:
                 // it is resolved once that write is done.
-                step = reconciler.absorb(inputs);
+                step = reconciler.absorb(std::time::Instant::now(), inputs);
                 if step.done.is_none() && !busy(&outputs) {
-                    step.merge(reconciler.settle());
+                    step.merge(reconciler.settle(std::time::Instant::now()));
                 }
             }
             Wake::Written(written) => {
@@ -88,7 +112,7 @@ pub async fn drive(
                     return Err(DriveError::Output(e));
                 }
                 if !busy(&outputs) {
-                    step = reconciler.settle();
+                    step = reconciler.settle(std::time::Instant::now());
                 }
             }
             Wake::Retry => {
@@ -111,16 +135,4 @@ async fn write_done(outputs: Option<&mut Outputs>) -> Option<Written> {
 /// The deadline of a run that may last `timeout` (0: none).
 pub fn deadline(timeout: Duration) -> Option<Instant> {
     (!timeout.is_zero()).then(|| Instant::now() + timeout)
-}
-
-/// Resolve once from the API, without waiting for what is missing (`get`, `exec`).
-pub async fn resolve_once(
-    client: kube::Client,
-    pod: PodRef,
-    selection: Selection,
-    timeout: Duration,
-) -> Result<Resolution, DriveError> {
-    let mut engine = Engine::new(client, pod.clone(), deadline(timeout));
-    let mut reconciler = Reconciler::new(Mode::Once, pod, selection, Vec::new());
-    drive(&mut engine, &mut reconciler, None, true).await
 }

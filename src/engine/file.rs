@@ -1,37 +1,99 @@
-//! The other source: the pod, its claims and slices from a file (`--from-file`),
-//! resolved once; the file does not change, so nothing is waited for.
+//! The other source: the pod, its claims and slices from a file
+//! (`--from-file`), fed to the same reconciler as the API server's answers.
+//! The file answers every get and list at once, from memory, and no watch
+//! ever brings a change: the reconciler, told its source is fixed
+//! ([`Reconciler::fixed`](crate::engine::reconcile::Reconciler::fixed)),
+//! decides without waiting for one.
 
+use std::collections::VecDeque;
 use std::path::Path;
 
-use tracing::{info, warn};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::info;
 
-use crate::model::objects::{FileObjects, LoadError};
-use crate::model::resolve::{Missing, Resolution, Selection, resolve};
+use crate::engine::drive::Feed;
+use crate::engine::reconcile::{Action, Input};
+use crate::engine::store::{Item, Scope};
+use crate::model::PodRef;
+use crate::model::objects::{FileObjects, LoadError, Snapshot};
+use crate::model::slices::DeviceFilter;
 
-/// Resolve the pod of the file at `path` (`-`: standard input).
-pub fn resolve_file(path: &Path, pod_name: Option<&str>, sel: &Selection) -> Result<Resolution, LoadError> {
-    let objects = FileObjects::read(path)?;
-    if !objects.ignored.is_empty() {
-        info!(kinds = ?objects.ignored, "ignoring objects of other kinds in {}", path.display());
+/// The objects of one file, answering the reconciler's actions.
+pub struct FileFeed {
+    pod: Pod,
+    namespace: String,
+    objects: Snapshot,
+    /// The filter of the last [`Action::Filter`]: every list says it was
+    /// decoded with it, since the file's slices hold every device.
+    filter: DeviceFilter,
+    answers: VecDeque<Input>,
+}
+
+/// A file's feed, the pod it holds, and how to name the file in messages.
+pub struct FileSource {
+    pub feed: FileFeed,
+    pub pod: PodRef,
+    pub shown: String,
+}
+
+impl FileSource {
+    /// Read the file at `path` (`-`: standard input) and choose its pod.
+    pub fn read(path: &Path, pod_name: Option<&str>) -> Result<Self, LoadError> {
+        let objects = FileObjects::read(path)?;
+        if !objects.ignored.is_empty() {
+            info!(kinds = ?objects.ignored, "ignoring objects of other kinds in {}", path.display());
+        }
+        let shown = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
+        let mut objects = objects.into_snapshot(&shown, pod_name)?;
+        let Some(pod) = objects.pod.take() else {
+            return Err(LoadError::NoPod { path: shown, hint: String::new() });
+        };
+        let namespace = pod.metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into());
+        let pod_ref = PodRef { namespace: namespace.clone(), name: pod.metadata.name.clone().unwrap_or_default() };
+        let feed = FileFeed { pod, namespace, objects, filter: DeviceFilter::default(), answers: VecDeque::new() };
+        Ok(FileSource { feed, pod: pod_ref, shown })
     }
-    let shown = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
-    let snapshot = objects.into_snapshot(&shown, pod_name)?;
-    let mut res = resolve(&snapshot, sel);
-    for w in &res.warnings {
-        warn!("{w}");
-    }
-    // A claim the file does not hold is not "not found" in a cluster: say
-    // where it is missing and how to add it.
-    let namespace = res.pod.namespace.clone();
-    for missing in &mut res.missing {
-        if let Missing::ClaimNotFound { pod_claim, claim_name } = missing {
-            *missing = Missing::Invalid {
-                what: format!("claim {pod_claim}"),
-                problem: format!(
-                    "ResourceClaim {claim_name} is not in {shown} (add it: kubectl get resourceclaim -n {namespace} {claim_name} -o yaml)"
-                ),
-            };
+}
+
+impl FileFeed {
+    /// The objects of `scope` in the file.
+    fn list(&self, scope: &Scope) -> Vec<Item> {
+        match scope {
+            Scope::Claim(_) => (self.objects.claims.values())
+                .filter(|c| scope.admits_claim(c, &self.namespace))
+                .map(|c| Item::Claim(Box::new(c.clone())))
+                .collect(),
+            Scope::NodeSlices(_) | Scope::DriverSlices(_) => (self.objects.slices.values())
+                .filter(|s| scope.admits_slice(s))
+                .map(|s| Item::Slice(Box::new(s.clone())))
+                .collect(),
+            Scope::Pod(_) => Vec::new(),
         }
     }
-    Ok(res)
+}
+
+impl Feed for FileFeed {
+    fn execute(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::GetPod { .. } => self.answers.push_back(Input::Pod(Box::new(self.pod.clone()))),
+                Action::List { scope, .. } => {
+                    let items = self.list(&scope);
+                    let decoded_with = Some(self.filter.clone());
+                    self.answers.push_back(Input::Listed { scope, items, resource_version: "0".into(), decoded_with });
+                }
+                // Nothing in a file changes.
+                Action::Watch { .. } => {}
+                Action::Filter(filter) => self.filter = filter,
+            }
+        }
+    }
+
+    /// Everything answered so far; then nothing, ever.
+    async fn next_batch(&mut self) -> Vec<Input> {
+        if self.answers.is_empty() {
+            return std::future::pending().await;
+        }
+        self.answers.drain(..).collect()
+    }
 }

@@ -5,7 +5,8 @@
 //! publications out) and its store (`store`, pure), the I/O half that carries
 //! the actions out against the API server (`source`, `api`), the drive loop
 //! that runs the two together and hands publications to the outputs
-//! (`drive`), and the other source, a file of objects (`file`).
+//! (`drive`), the other source, a file of objects (`file`), and one run of
+//! it all for a command (`run`).
 //!
 //! May use: `publish` (the outputs it drives) and `model`.
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod drive;
 pub mod file;
 pub mod reconcile;
+pub mod run;
 pub mod source;
 pub mod store;
 
@@ -29,4 +31,7 @@ pub enum EngineError {
     /// The deadline passed; the strings say what was still missing.
     #[error("timed out")]
     Timeout { waiting_for: Vec<String> },
+    /// Not ready, and the source cannot change (a file): waiting cannot help.
+    #[error("not ready: {}", missing.join("; "))]
+    NotReady { missing: Vec<String> },
 }

@@ -1,12 +1,18 @@
 //! The reconciler: what drafs knows, what it publishes, and what it asks the
 //! API for next, as a plain value.
 //!
-//! It never does I/O. The engine in `source` feeds it [`Input`]s (the pod, a
-//! list, a watch event, an error, the deadline) and carries out the
-//! [`Action`]s of each [`Step`] (get the pod, list a scope, watch it from a
-//! resource version, decode slices with a new device filter); the drive loop
-//! (`drive`) hands what the step publishes and its [`Transition`] to the outputs. `init`, `serve`,
-//! `get` and `exec` differ only in their [`Mode`].
+//! It never does I/O and never reads the clock. The drive loop (`drive`)
+//! feeds it [`Input`]s (the pod, a list, a watch event, an error, the
+//! deadline) with the time they arrived, carries out the [`Action`]s of each
+//! [`Step`] (get the pod, list a scope, watch it from a resource version,
+//! decode slices with a new device filter), and hands what the step
+//! publishes and its [`Transition`] to the outputs. `init`, `serve`, `get`
+//! and `exec` differ only in their [`Mode`].
+//!
+//! Its state is three things: the objects ([`Store`]), one [`Tracker`] per
+//! scope (what is asked for, how its retries wait, its last error; the pod
+//! is a scope whose list is a GET), and where the run stands ([`Phase`],
+//! moved by the table in [`change`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -33,7 +39,8 @@ pub enum Mode {
     Follow,
 }
 
-/// Where a run stands.
+/// Where a run stands. Once it has been ready, it stays `Ready` or
+/// `Degraded`: the tree it published is served while scopes are listed again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     WaitingForPod,
@@ -42,6 +49,48 @@ pub enum Phase {
     Ready,
     /// Was ready, and values went missing since.
     Degraded,
+}
+
+impl Phase {
+    /// The run has published a ready tree at least once.
+    pub fn was_ever_ready(self) -> bool {
+        matches!(self, Phase::Ready | Phase::Degraded)
+    }
+}
+
+/// What one resolution reports, without its details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Waiting,
+    Ready,
+    Updated,
+    Lost,
+    Recovered,
+}
+
+/// The transition table: what a resolution reports, from the phase the run
+/// was in, whether the resolution is ready, and whether what is missing (when
+/// not ready) or the tree (when ready) changed since the last one. `init`
+/// ends at the first `Ready`, so it only ever takes the first two rows.
+pub fn change(was: Phase, ready: bool, missing_changed: bool, tree_changed: bool) -> Option<Change> {
+    match (was.was_ever_ready(), was == Phase::Ready, ready) {
+        (false, _, true) => Some(Change::Ready),
+        (false, _, false) if missing_changed => Some(Change::Waiting),
+        (true, false, true) => Some(Change::Recovered),
+        (true, true, false) => Some(Change::Lost),
+        (true, true, true) if tree_changed => Some(Change::Updated),
+        _ => None,
+    }
+}
+
+/// The phase after a resolution: ready, degraded once it has been ready, or
+/// waiting for what the resolution lacks.
+fn phase_after(was: Phase, ready: bool, res: &Resolution) -> Phase {
+    match (ready, was.was_ever_ready()) {
+        (true, _) => Phase::Ready,
+        (false, true) => Phase::Degraded,
+        (false, false) => waiting_phase(res),
+    }
 }
 
 /// What happened, as the engine tells it.
@@ -133,6 +182,23 @@ impl Step {
     }
 }
 
+/// One scope's requests. The pod has one too (its list is a GET).
+#[derive(Debug, Default)]
+struct Tracker {
+    /// A list (the pod: a get) is asked for and not answered yet.
+    listing: bool,
+    /// A watch is open or asked for.
+    watching: bool,
+    /// The next watch waits this long (the last one failed or was cut short).
+    watch_after: Option<Duration>,
+    /// Quick retries until the first answer (start-up is waiting for it).
+    startup: RetryBackoff,
+    /// The last error, for the timeout message; an answer clears it.
+    error: Option<String>,
+    /// Slices: the device filter their last list was decoded with.
+    decoded_with: Option<DeviceFilter>,
+}
+
 /// The reconciler.
 #[derive(Debug)]
 pub struct Reconciler {
@@ -141,36 +207,28 @@ pub struct Reconciler {
     selection: Selection,
     require: Vec<RequirePath>,
     store: Store,
+    /// Every scope asked for, the pod's included.
+    trackers: BTreeMap<Scope, Tracker>,
     phase: Phase,
-    ever_ready: bool,
-    ready: bool,
+    /// The run is over (its last step said why).
     done: bool,
     /// The filter the engine decodes with, once every claim is listed.
     filter: Option<DeviceFilter>,
-    /// The filter each slice scope was last listed with.
-    listed_with: BTreeMap<Scope, DeviceFilter>,
-    listing: BTreeSet<Scope>,
-    watching: BTreeSet<Scope>,
-    pod_pending: bool,
     /// The pod's watch was refused (401/403): serve goes on without it.
     pod_watch_refused: bool,
-    /// Start-up retries: the pod, and each scope until its first list.
-    backoff: BTreeMap<String, RetryBackoff>,
-    /// Retries of scopes listed once (see [`WatchBackoff`]).
+    /// Retries of scopes answered once (see [`WatchBackoff`]): one for the run.
     trouble: WatchBackoff,
-    /// Scopes whose next watch waits this long (it failed or was cut short).
-    watch_after: BTreeMap<Scope, Duration>,
-    /// The last error of the pod ("pod") or of each scope, for the timeout message.
-    errors: BTreeMap<String, String>,
     warned: BTreeSet<String>,
     published: Option<Tree>,
     last_missing: Vec<String>,
-    started: Instant,
+    /// When [`Reconciler::start`] was called.
+    started: Option<Instant>,
     /// Inputs were taken in since the last resolution.
     unsettled: bool,
+    /// The objects come from this file: every get and list is answered at
+    /// once and nothing ever changes, so nothing is waited for or watched.
+    fixed: Option<String>,
 }
-
-const POD_KEY: &str = "pod";
 
 /// A watch the server ends sooner than this without sending a change was cut
 /// short (drafs asks for at least [`crate::engine::api::WATCH_SECONDS_MIN`]: a proxy or a
@@ -186,26 +244,29 @@ impl Reconciler {
             selection,
             require,
             store: Store::default(),
+            trackers: BTreeMap::new(),
             phase: Phase::WaitingForPod,
-            ever_ready: false,
-            ready: false,
             done: false,
             filter: None,
-            listed_with: BTreeMap::new(),
-            listing: BTreeSet::new(),
-            watching: BTreeSet::new(),
-            pod_pending: false,
             pod_watch_refused: false,
-            backoff: BTreeMap::new(),
             trouble: WatchBackoff::new(seed),
-            watch_after: BTreeMap::new(),
-            errors: BTreeMap::new(),
             warned: BTreeSet::new(),
             published: None,
             last_missing: Vec::new(),
-            started: Instant::now(),
+            started: None,
             unsettled: false,
+            fixed: None,
         }
+    }
+
+    /// The objects come from a file, named `shown` in messages.
+    pub fn fixed(mut self, shown: String) -> Self {
+        self.fixed = Some(shown);
+        self
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     pub fn phase(&self) -> Phase {
@@ -216,47 +277,51 @@ impl Reconciler {
         self.store.pod.as_ref().and_then(|p| p.metadata.uid.clone()).filter(|u| !u.is_empty())
     }
 
+    /// The scopes with a watch open or asked for.
     pub fn watching(&self) -> impl Iterator<Item = &Scope> {
-        self.watching.iter()
+        self.trackers.iter().filter(|(_, t)| t.watching).map(|(scope, _)| scope)
     }
 
-    /// The first step: fetch the pod.
-    pub fn start(&mut self) -> Step {
-        self.pod_pending = true;
-        Step { actions: vec![Action::GetPod { after: Duration::ZERO }], ..Default::default() }
+    /// The first step, at `now`: fetch the pod.
+    pub fn start(&mut self, now: Instant) -> Step {
+        self.started = Some(now);
+        let mut step = Step::default();
+        self.list(self.pod_scope(), Duration::ZERO, &mut step);
+        step
     }
 
-    pub fn handle(&mut self, input: Input) -> Step {
-        self.handle_all([input])
+    /// Take in one input that arrived at `now`, and resolve.
+    pub fn handle(&mut self, now: Instant, input: Input) -> Step {
+        self.handle_all(now, [input])
     }
 
     /// Take in every input, then resolve once: a burst of watch events costs
     /// one resolution and at most one tree, of the latest state.
-    pub fn handle_all(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
-        let mut step = self.absorb(inputs);
-        step.merge(self.settle());
+    pub fn handle_all(&mut self, now: Instant, inputs: impl IntoIterator<Item = Input>) -> Step {
+        let mut step = self.absorb(now, inputs);
+        step.merge(self.settle(now));
         step
     }
 
     /// Take in inputs without resolving yet (the caller is still writing the
     /// last tree): only what the inputs themselves call for (retries, the
     /// end of a run) is in the step.
-    pub fn absorb(&mut self, inputs: impl IntoIterator<Item = Input>) -> Step {
+    pub fn absorb(&mut self, now: Instant, inputs: impl IntoIterator<Item = Input>) -> Step {
         let mut step = Step::default();
         for input in inputs {
             if self.done {
                 break;
             }
-            self.unsettled |= self.apply(input, &mut step);
+            self.unsettled |= self.apply(now, input, &mut step);
         }
         step
     }
 
     /// Resolve what the inputs taken in since the last resolution changed.
-    pub fn settle(&mut self) -> Step {
+    pub fn settle(&mut self, now: Instant) -> Step {
         let mut step = Step::default();
         if std::mem::take(&mut self.unsettled) {
-            self.evaluate(&mut step);
+            self.evaluate(now, &mut step);
         }
         step
     }
@@ -266,26 +331,40 @@ impl Reconciler {
         self.unsettled && !self.done
     }
 
+    fn pod_scope(&self) -> Scope {
+        Scope::Pod(self.pod_ref.name.clone())
+    }
+
+    fn tracker(&mut self, scope: &Scope) -> &mut Tracker {
+        if !self.trackers.contains_key(scope) {
+            self.trackers.insert(scope.clone(), Tracker::default());
+        }
+        self.trackers.get_mut(scope).expect("inserted above")
+    }
+
     /// One input into the state; false when it changed nothing to resolve.
-    fn apply(&mut self, input: Input, step: &mut Step) -> bool {
+    fn apply(&mut self, now: Instant, input: Input, step: &mut Step) -> bool {
         match input {
             Input::Pod(pod) => match self.other_pod(&pod) {
-                Some(error) => return self.apply(Input::PodFailed(error), step),
+                Some(error) => return self.apply(now, Input::PodFailed(error), step),
                 None => self.on_pod(*pod, step),
             },
             Input::PodFailed(error) => {
-                self.pod_pending = false;
+                let scope = self.pod_scope();
+                self.tracker(&scope).listing = false;
                 if self.fatal(&error, step) {
                     return false;
                 }
-                self.errors.insert(POD_KEY.into(), error.to_string());
+                self.tracker(&scope).error = Some(error.to_string());
                 step.warnings.extend(self.warn_once(format!("{error}; retrying")));
                 // Start-up waits for the pod: quick retries. Once ready, a refetch
                 // (its watch expired) is trouble like any other scope's.
-                let after =
-                    if self.ever_ready { self.trouble.next(Instant::now()) } else { self.next_backoff(POD_KEY) };
-                self.pod_pending = true;
-                step.actions.push(Action::GetPod { after });
+                let after = if self.phase.was_ever_ready() {
+                    self.trouble.next(now)
+                } else {
+                    self.tracker(&scope).startup.next().unwrap_or_default()
+                };
+                self.ask(scope, after, step);
             }
             Input::Listed { scope, items, resource_version, decoded_with } => {
                 return self.on_listed(scope, items, resource_version, decoded_with, step);
@@ -293,7 +372,7 @@ impl Reconciler {
             Input::Applied { scope, item: Item::Pod(pod) } => {
                 // The watched pod: as if fetched, unless it is another one.
                 if let Some(error) = self.other_pod(&pod) {
-                    return self.on_failed(scope, error, step);
+                    return self.on_failed(now, scope, error, step);
                 }
                 self.on_pod(*pod, step);
             }
@@ -301,26 +380,28 @@ impl Reconciler {
                 if let Some(item) = self.admit(&scope, vec![item], step).pop() {
                     self.store.apply(&scope, item);
                 }
-                self.errors.remove(&scope.to_string());
+                self.tracker(&scope).error = None;
             }
             Input::Deleted { scope, name, resource_version } => self.store.delete(&scope, &name, resource_version),
             Input::Bookmark { scope, resource_version } => self.store.bookmark(&scope, resource_version),
             Input::WatchEnded { scope, lasted, changes } => {
-                self.watching.remove(&scope);
-                if changes == 0 && lasted < WATCH_CUT_SHORT {
-                    let after = self.trouble.next(Instant::now());
-                    self.watch_after.insert(scope, after);
+                let cut_short = changes == 0 && lasted < WATCH_CUT_SHORT;
+                let after = cut_short.then(|| self.trouble.next(now));
+                let tracker = self.tracker(&scope);
+                tracker.watching = false;
+                if after.is_some() {
+                    tracker.watch_after = after;
                 }
             }
             Input::Expired(scope) => {
-                self.watching.remove(&scope);
-                let after = self.trouble.next(Instant::now());
+                self.tracker(&scope).watching = false;
+                let after = self.trouble.next(now);
                 self.list(scope, after, step);
             }
-            Input::Failed { scope, error } => return self.on_failed(scope, error, step),
+            Input::Failed { scope, error } => return self.on_failed(now, scope, error, step),
             Input::Deadline => {
                 // The deadline only bounds the way to the first ready tree.
-                if !self.ever_ready {
+                if !self.phase.was_ever_ready() {
                     self.finish(Err(EngineError::Timeout { waiting_for: self.waiting_for() }), step);
                     return false;
                 }
@@ -353,35 +434,42 @@ impl Reconciler {
         decoded_with: Option<DeviceFilter>,
         step: &mut Step,
     ) -> bool {
-        self.listing.remove(&scope);
+        self.tracker(&scope).listing = false;
         if !self.store.has_scope(&scope) {
             return false;
         }
         let items = self.admit(&scope, items, step);
         self.store.replace(&scope, items, resource_version);
-        self.errors.remove(&scope.to_string());
-        self.backoff.remove(&scope.to_string());
-        if scope.is_slices() {
+        let stale = scope.is_slices() && {
             let with = decoded_with.unwrap_or_default();
             let stale = self.filter.as_ref().is_some_and(|f| !f.is_subset(&with));
-            self.listed_with.insert(scope.clone(), with);
-            if stale {
-                // The filter grew while this list was under way.
-                self.list(scope, Duration::ZERO, step);
-            }
+            self.tracker(&scope).decoded_with = Some(with);
+            stale
+        };
+        let tracker = self.tracker(&scope);
+        tracker.error = None;
+        tracker.startup = RetryBackoff::default();
+        if stale {
+            // The filter grew while this list was under way.
+            self.list(scope, Duration::ZERO, step);
         }
         true
     }
 
     /// A list or watch of a scope failed: fatal, or retried after a delay.
-    fn on_failed(&mut self, scope: Scope, error: ApiError, step: &mut Step) -> bool {
-        let was_watch = self.watching.remove(&scope);
-        self.listing.remove(&scope);
-        if matches!(scope, Scope::Pod(_)) && error.is_fatal() {
+    fn on_failed(&mut self, now: Instant, scope: Scope, error: ApiError, step: &mut Step) -> bool {
+        let is_pod = matches!(scope, Scope::Pod(_));
+        let tracker = self.tracker(&scope);
+        let was_watch = std::mem::take(&mut tracker.watching);
+        if !is_pod {
+            // The pod's get answers as `Pod` or `PodFailed`: this was its watch.
+            tracker.listing = false;
+        }
+        if is_pod && error.is_fatal() {
             // Only health follows the pod's watch: without the permission (RBAC
             // from before it was needed), serve goes on without it.
             self.store.remove_scope(&scope);
-            self.watch_after.remove(&scope);
+            self.tracker(&scope).watch_after = None;
             self.pod_watch_refused = true;
             step.warnings.extend(self.warn_once(format!(
                 "{error}: device health will not follow the pod's status; \
@@ -392,36 +480,36 @@ impl Reconciler {
         if self.fatal(&error, step) {
             return false;
         }
-        let key = scope.to_string();
         step.warnings.extend(self.warn_once(format!("{error}; retrying")));
-        self.errors.insert(key.clone(), error.to_string());
+        self.tracker(&scope).error = Some(error.to_string());
         if !self.store.is_listed(&scope) {
             // The first list: retried quickly, start-up is waiting for it.
-            let after = self.next_backoff(&key);
+            let after = self.tracker(&scope).startup.next().unwrap_or_default();
             self.list(scope, after, step);
         } else if was_watch && error.is_watch() {
             // What the store holds is still good from its version: watch again, later.
-            let after = self.trouble.next(Instant::now());
-            self.watch_after.insert(scope, after);
+            let after = self.trouble.next(now);
+            self.tracker(&scope).watch_after = Some(after);
         } else {
-            let after = self.trouble.next(Instant::now());
+            let after = self.trouble.next(now);
             self.list(scope, after, step);
         }
         true
     }
 
     fn on_pod(&mut self, pod: Pod, step: &mut Step) {
-        self.pod_pending = false;
-        self.errors.remove(POD_KEY);
-        // The backoff stays: the pod is fetched again only while its status
-        // lacks a generated claim, and an answer that still lacks it must not
-        // bring the next request closer.
+        let scope = self.pod_scope();
+        // The start-up backoff stays: the pod is fetched again only while its
+        // status lacks a generated claim, and an answer that still lacks it
+        // must not bring the next request closer.
+        let tracker = self.tracker(&scope);
+        tracker.listing = false;
+        tracker.error = None;
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
         let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
         if self.mode == Mode::Follow {
             // serve watches the pod from the version it was fetched at, for the
             // health the kubelet writes into its status: no request more at start.
-            let scope = Scope::Pod(self.pod_ref.name.clone());
             let version = pod.metadata.resource_version.clone().filter(|v| !v.is_empty());
             if let Some(version) = version {
                 if self.store.has_scope(&scope) {
@@ -443,7 +531,7 @@ impl Reconciler {
 
     /// 401/403/404 end a run that has not been ready yet; afterwards nothing does.
     fn fatal(&mut self, error: &ApiError, step: &mut Step) -> bool {
-        if error.is_fatal() && !self.ever_ready {
+        if error.is_fatal() && !self.phase.was_ever_ready() {
             self.finish(Err(EngineError::Api(error.clone())), step);
             return true;
         }
@@ -506,40 +594,40 @@ impl Reconciler {
         self.list(scope, Duration::ZERO, step);
     }
 
+    /// List a scope again from scratch (the pod: get it; its watch resumes
+    /// from the answer): a watch of it ends.
     fn list(&mut self, scope: Scope, after: Duration, step: &mut Step) {
-        if let Scope::Pod(_) = scope {
-            // The pod is fetched, never listed; the watch resumes from the answer.
-            self.watching.remove(&scope);
-            self.watch_after.remove(&scope);
-            if !self.pod_pending {
-                self.pod_pending = true;
-                step.actions.push(Action::GetPod { after });
-            }
-            return;
-        }
-        if self.listing.insert(scope.clone()) {
-            self.watching.remove(&scope);
-            self.watch_after.remove(&scope);
-            step.actions.push(Action::List { scope, after });
-        }
+        let tracker = self.tracker(&scope);
+        tracker.watching = false;
+        tracker.watch_after = None;
+        self.ask(scope, after, step);
     }
 
-    fn watch(&mut self, scope: &Scope, step: &mut Step) {
-        if self.watching.contains(scope) || self.listing.contains(scope) || !self.store.is_listed(scope) {
+    /// Ask for a scope's list (the pod: a get) after `after`, unless one is
+    /// under way; a watch of it goes on (the answer only renews its version).
+    fn ask(&mut self, scope: Scope, after: Duration, step: &mut Step) {
+        if std::mem::replace(&mut self.tracker(&scope).listing, true) {
             return;
         }
-        if matches!(scope, Scope::Pod(_)) && self.pod_pending {
-            // Its version is being renewed by a get.
+        step.actions.push(match scope {
+            Scope::Pod(_) => Action::GetPod { after },
+            scope => Action::List { scope, after },
+        });
+    }
+
+    /// Watch a listed scope from its version, unless a list or watch of it is under way.
+    fn watch(&mut self, scope: &Scope, step: &mut Step) {
+        if self.fixed.is_some() || !self.store.is_listed(scope) {
             return;
         }
         let Some(rv) = self.store.resource_version(scope).map(String::from) else { return };
-        self.watching.insert(scope.clone());
-        let after = self.watch_after.remove(scope).unwrap_or_default();
+        let tracker = self.tracker(scope);
+        if tracker.watching || tracker.listing {
+            return;
+        }
+        tracker.watching = true;
+        let after = tracker.watch_after.take().unwrap_or_default();
         step.actions.push(Action::Watch { scope: scope.clone(), resource_version: rv, after });
-    }
-
-    fn next_backoff(&mut self, key: &str) -> Duration {
-        self.backoff.entry(key.to_string()).or_default().next().unwrap_or_default()
     }
 
     fn warn_once(&mut self, warning: String) -> Option<String> {
@@ -560,6 +648,17 @@ impl Reconciler {
         }))
     }
 
+    /// Slice scopes whose last list was decoded without a device in `filter`.
+    fn decoded_without(&self, filter: &DeviceFilter) -> Vec<Scope> {
+        self.trackers
+            .iter()
+            .filter(|(scope, t)| {
+                t.decoded_with.as_ref().is_some_and(|with| !filter.is_subset(with)) && self.store.is_listed(scope)
+            })
+            .map(|(scope, _)| scope.clone())
+            .collect()
+    }
+
     /// Once every claim is listed, the slices can be decoded: tell the engine
     /// which devices to keep, and list again the slices that were decoded
     /// without a device now wanted.
@@ -574,46 +673,82 @@ impl Reconciler {
         }
         self.filter = Some(wanted.clone());
         step.actions.push(Action::Filter(wanted.clone()));
-        let stale: Vec<Scope> = self
-            .listed_with
-            .iter()
-            .filter(|(scope, with)| self.store.is_listed(scope) && !wanted.is_subset(with))
-            .map(|(scope, _)| scope.clone())
-            .collect();
-        for scope in stale {
+        for scope in self.decoded_without(&wanted) {
             self.list(scope, Duration::ZERO, step);
         }
     }
 
-    fn evaluate(&mut self, step: &mut Step) {
+    /// Wait in `phase`, unless the run was ready once: its tree stays served.
+    fn wait_in(&mut self, phase: Phase) {
+        if !self.phase.was_ever_ready() {
+            self.phase = phase;
+        }
+    }
+
+    /// Resolve, when every input it needs is in, and decide what the run does.
+    fn evaluate(&mut self, now: Instant, step: &mut Step) {
         if self.done {
             return;
         }
-        if self.store.pod.is_none() {
-            self.phase = Phase::WaitingForPod;
-            return;
-        }
-        self.update_filter(step);
-        let unlisted = self.store.unlisted();
-        if unlisted.iter().any(|s| !s.is_slices()) {
-            self.phase = Phase::WaitingForClaims;
-            return;
-        }
-        // Slices decoded without a device now wanted are being listed again: wait for them.
-        let filter = self.filter.clone().unwrap_or_default();
-        let incomplete = self.listed_with.values().any(|with| !filter.is_subset(with));
-        if !unlisted.is_empty() || incomplete {
-            if !self.ever_ready {
-                self.phase = Phase::WaitingForDevices;
-            }
-            return;
-        }
-        let res = resolve(&self.store.snapshot(), &self.selection);
+        let Some(res) = self.resolvable(step) else { return };
         if let Some(permanent) = res.missing.iter().find(|m| m.is_permanent()) {
             self.finish(Err(EngineError::Permanent(permanent.clone())), step);
             return;
         }
-        // Devices not on the node's slices may be on slices bound to no single node.
+        if self.list_unbound_slices(&res, step) {
+            self.wait_in(Phase::WaitingForDevices);
+            return;
+        }
+        let built = tree::build(&res, &self.require);
+        for w in built.warnings.clone() {
+            step.warnings.extend(self.warn_once(w));
+        }
+        let ready = built.is_ready();
+        if !ready && needs_pod_refresh(&res) && self.mode != Mode::Once && self.fixed.is_none() {
+            let scope = self.pod_scope();
+            if !self.tracker(&scope).listing {
+                let after = self.tracker(&scope).startup.next().unwrap_or_default();
+                self.ask(scope, after, step);
+            }
+        }
+        match self.mode {
+            Mode::Once => self.finish(Ok(res), step),
+            Mode::UntilReady if !ready && self.fixed.is_some() => {
+                self.finish(Err(EngineError::NotReady { missing: built.missing }), step);
+            }
+            Mode::UntilReady | Mode::Follow => self.conclude(now, res, built, step),
+        }
+    }
+
+    /// The resolution, once the pod, every claim and every slice decoded with
+    /// the current filter are in; until then, the phase says what is awaited.
+    fn resolvable(&mut self, step: &mut Step) -> Option<Resolution> {
+        if self.store.pod.is_none() {
+            self.wait_in(Phase::WaitingForPod);
+            return None;
+        }
+        self.update_filter(step);
+        let unlisted = self.store.unlisted();
+        if unlisted.iter().any(|s| !s.is_slices()) {
+            self.wait_in(Phase::WaitingForClaims);
+            return None;
+        }
+        // Slices decoded without a device now wanted are being listed again: wait for them.
+        let filter = self.filter.clone().unwrap_or_default();
+        if !unlisted.is_empty() || !self.decoded_without(&filter).is_empty() {
+            self.wait_in(Phase::WaitingForDevices);
+            return None;
+        }
+        let mut res = resolve(&self.store.snapshot(), &self.selection);
+        if let Some(shown) = &self.fixed {
+            explain_claims_not_in(shown, &mut res);
+        }
+        Some(res)
+    }
+
+    /// Devices not on the node's slices may be on slices bound to no single
+    /// node: list their drivers' (true when a new scope is being listed).
+    fn list_unbound_slices(&mut self, res: &Resolution, step: &mut Step) -> bool {
         let mut new_scopes = false;
         for driver in res.drivers_with_unpublished_devices() {
             let scope = Scope::DriverSlices(driver);
@@ -622,66 +757,40 @@ impl Reconciler {
                 self.add_and_list(scope, step);
             }
         }
-        if new_scopes {
-            self.phase = Phase::WaitingForDevices;
+        new_scopes
+    }
+
+    /// Move the run by the transition table, publish what changed, and watch
+    /// what the mode follows: `init` what is missing, `serve` everything.
+    fn conclude(&mut self, now: Instant, res: Resolution, built: BuiltTree, step: &mut Step) {
+        let ready = built.is_ready();
+        let missing_changed = built.missing != self.last_missing;
+        let tree_changed = self.published.as_ref() != Some(&built.tree);
+        step.transition = change(self.phase, ready, missing_changed, tree_changed).map(|c| match c {
+            Change::Waiting => Transition::Waiting { missing: built.missing.clone() },
+            Change::Ready => Transition::Ready { summary: self.summary(&res, now) },
+            Change::Updated => Transition::Updated,
+            Change::Lost => Transition::Lost { missing: built.missing.clone() },
+            Change::Recovered => Transition::Recovered,
+        });
+        self.phase = phase_after(self.phase, ready, &res);
+        self.last_missing = built.missing.clone();
+        if self.mode == Mode::UntilReady {
+            if ready {
+                step.publish = Some(Publication { resolution: res.clone(), built });
+                self.finish(Ok(res), step);
+            } else {
+                self.watch_what_is_missing(&res, &built, step);
+            }
             return;
         }
-        let built = tree::build(&res, &self.require);
-        for w in built.warnings.clone() {
-            step.warnings.extend(self.warn_once(w));
+        if tree_changed {
+            self.published = Some(built.tree.clone());
+            step.publish = Some(Publication { resolution: res, built });
         }
-        let ready = built.is_ready();
-        if !ready && needs_pod_refresh(&res) && !self.pod_pending && self.mode != Mode::Once {
-            self.pod_pending = true;
-            let after = self.next_backoff(POD_KEY);
-            step.actions.push(Action::GetPod { after });
-        }
-        match self.mode {
-            Mode::Once => self.finish(Ok(res), step),
-            Mode::UntilReady => {
-                if ready {
-                    step.transition = Some(Transition::Ready { summary: self.summary(&res) });
-                    self.phase = Phase::Ready;
-                    self.ever_ready = true;
-                    step.publish = Some(Publication { resolution: res.clone(), built });
-                    self.finish(Ok(res), step);
-                } else {
-                    self.phase = phase_of(&res);
-                    if built.missing != self.last_missing {
-                        step.transition = Some(Transition::Waiting { missing: built.missing.clone() });
-                        self.last_missing = built.missing.clone();
-                    }
-                    self.watch_what_is_missing(&res, &built, step);
-                }
-            }
-            Mode::Follow => {
-                step.transition = match (self.ever_ready, self.ready, ready) {
-                    (false, _, true) => Some(Transition::Ready { summary: self.summary(&res) }),
-                    (true, false, true) => Some(Transition::Recovered),
-                    (true, true, false) => Some(Transition::Lost { missing: built.missing.clone() }),
-                    (false, _, false) if built.missing != self.last_missing => {
-                        Some(Transition::Waiting { missing: built.missing.clone() })
-                    }
-                    (true, true, true) if self.published.as_ref() != Some(&built.tree) => Some(Transition::Updated),
-                    _ => None,
-                };
-                self.ready = ready;
-                self.ever_ready |= ready;
-                self.phase = match (ready, self.ever_ready) {
-                    (true, _) => Phase::Ready,
-                    (false, true) => Phase::Degraded,
-                    (false, false) => phase_of(&res),
-                };
-                self.last_missing = built.missing.clone();
-                if self.published.as_ref() != Some(&built.tree) {
-                    self.published = Some(built.tree.clone());
-                    step.publish = Some(Publication { resolution: res, built });
-                }
-                let scopes: Vec<Scope> = self.store.scopes().cloned().collect();
-                for scope in scopes {
-                    self.watch(&scope, step);
-                }
-            }
+        let scopes: Vec<Scope> = self.store.scopes().cloned().collect();
+        for scope in scopes {
+            self.watch(&scope, step);
         }
     }
 
@@ -715,31 +824,32 @@ impl Reconciler {
         }
     }
 
-    fn summary(&self, res: &Resolution) -> String {
+    fn summary(&self, res: &Resolution, now: Instant) -> String {
         let devices: usize = res.claims.iter().map(|c| c.devices.len()).sum();
         let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
+        let elapsed = self.started.map(|s| now.saturating_duration_since(s)).unwrap_or_default();
         format!(
             "{} of {} ready after {} ms",
             plural(devices, "device"),
             plural(res.claims.len(), "claim"),
-            self.started.elapsed().as_millis()
+            elapsed.as_millis()
         )
     }
 
     /// What the run is still waiting for, with the last error of each, for the timeout message.
     pub fn waiting_for(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let error = |key: &str, asking: bool| match self.errors.get(key) {
-            Some(e) => format!(": {e}"),
-            None if asking => ": no answer from the API server yet".into(),
-            None => String::new(),
+        let error = |scope: &Scope| match self.trackers.get(scope) {
+            Some(Tracker { error: Some(e), .. }) => format!(": {e}"),
+            Some(Tracker { listing: true, .. }) => ": no answer from the API server yet".into(),
+            _ => String::new(),
         };
         if self.store.pod.is_none() {
             let pod = format!("pod {}/{}", self.pod_ref.namespace, self.pod_ref.name);
-            out.push(format!("{pod} not fetched yet{}", error(POD_KEY, self.pod_pending)));
+            out.push(format!("{pod} not fetched yet{}", error(&self.pod_scope())));
         }
         for scope in self.store.unlisted() {
-            out.push(format!("{scope} not listed yet{}", error(&scope.to_string(), self.listing.contains(&scope))));
+            out.push(format!("{scope} not listed yet{}", error(&scope)));
         }
         if out.is_empty() {
             out.extend(self.last_missing.iter().cloned());
@@ -751,7 +861,8 @@ impl Reconciler {
     }
 }
 
-fn phase_of(res: &Resolution) -> Phase {
+/// What a resolution that is not ready waits for.
+fn waiting_phase(res: &Resolution) -> Phase {
     let claims_pending = res.missing.iter().any(|m| {
         matches!(
             m,
@@ -762,6 +873,21 @@ fn phase_of(res: &Resolution) -> Phase {
         )
     });
     if claims_pending { Phase::WaitingForClaims } else { Phase::WaitingForDevices }
+}
+/// A claim a file does not hold is not "not found" in a cluster: say where
+/// it is missing and how to add it.
+fn explain_claims_not_in(shown: &str, res: &mut Resolution) {
+    let namespace = res.pod.namespace.clone();
+    for missing in &mut res.missing {
+        if let Missing::ClaimNotFound { pod_claim, claim_name } = missing {
+            *missing = Missing::Invalid {
+                what: format!("claim {pod_claim}"),
+                problem: format!(
+                    "ResourceClaim {claim_name} is not in {shown} (add it: kubectl get resourceclaim -n {namespace} {claim_name} -o yaml)"
+                ),
+            };
+        }
+    }
 }
 
 fn needs_pod_refresh(res: &Resolution) -> bool {
@@ -775,6 +901,12 @@ mod tests {
     use serde_json::json;
 
     const NS: &str = "ns";
+
+    /// The time every input of a test arrives at, unless it says otherwise.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
 
     fn pod_ref() -> PodRef {
         PodRef { namespace: NS.into(), name: "p".into() }
@@ -871,13 +1003,13 @@ mod tests {
 
     /// Pod, then its claim and the node's slices listed: the first reads.
     fn first_reads(r: &mut Reconciler, devices: &[&str], slices: Vec<Item>) -> (Step, Step) {
-        assert_eq!(r.start().actions, vec![Action::GetPod { after: Duration::ZERO }]);
-        let step = r.handle(pod(&[("gpu", "c")], &[]));
+        assert_eq!(r.start(t0()).actions, vec![Action::GetPod { after: Duration::ZERO }]);
+        let step = r.handle(t0(), pod(&[("gpu", "c")], &[]));
         assert_eq!(lists(&step), vec![claim_scope("c"), node_scope()], "claim and slices listed together");
         assert_eq!(r.phase(), Phase::WaitingForClaims);
-        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", devices)], None));
+        let claims = r.handle(t0(), listed(claim_scope("c"), vec![claim("c", devices)], None));
         let filter = filter_of(&claims).expect("the filter once the claims are listed");
-        let slices = r.handle(listed(node_scope(), slices, Some(&filter)));
+        let slices = r.handle(t0(), listed(node_scope(), slices, Some(&filter)));
         (claims, slices)
     }
 
@@ -894,7 +1026,7 @@ mod tests {
         assert!(watches(&step).is_empty() && lists(&step).is_empty(), "{:?}", step.actions);
         assert_eq!(r.phase(), Phase::Ready);
         // Nothing after the end.
-        assert!(r.handle(Input::Deadline).done.is_none());
+        assert!(r.handle(t0(), Input::Deadline).done.is_none());
     }
 
     #[test]
@@ -908,11 +1040,12 @@ mod tests {
         );
         assert_eq!(r.phase(), Phase::WaitingForClaims);
         // The allocation arrives: the slices were kept without g0, so they are listed again.
-        let step = r.handle(Input::Applied { scope: claim_scope("c"), item: claim("c", &["g0"]) });
+        let step = r.handle(t0(), Input::Applied { scope: claim_scope("c"), item: claim("c", &["g0"]) });
         let filter = filter_of(&step).unwrap();
         assert_eq!(lists(&step), vec![node_scope()]);
         assert!(step.publish.is_none(), "no resolution from slices decoded without the device");
-        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "U0")])], Some(&filter)));
+        let step =
+            r.handle(t0(), listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "U0")])], Some(&filter)));
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "U0");
         assert!(matches!(step.done, Some(Ok(_))));
     }
@@ -925,10 +1058,11 @@ mod tests {
         assert_eq!(lists(&step), vec![driver.clone()]);
         assert!(watches(&step).is_empty(), "first the unbound slices are listed");
         let filter = r.filter.clone().unwrap();
-        let step = r.handle(listed(driver.clone(), vec![], Some(&filter)));
+        let step = r.handle(t0(), listed(driver.clone(), vec![], Some(&filter)));
         assert_eq!(watches(&step), vec![node_scope(), driver.clone()], "the claim is there: only slices are watched");
         assert_eq!(r.phase(), Phase::WaitingForDevices);
-        let step = r.handle(Input::Applied { scope: driver, item: slice("shared", None, 1, &[("g0", "SHARED")]) });
+        let step =
+            r.handle(t0(), Input::Applied { scope: driver, item: slice("shared", None, 1, &[("g0", "SHARED")]) });
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "SHARED");
         assert!(matches!(step.done, Some(Ok(_))));
     }
@@ -941,37 +1075,43 @@ mod tests {
         assert!(step.done.is_none());
         assert_eq!(watches(&step), vec![claim_scope("c"), node_scope()]);
         // An update: published, and no second watch for the same scope.
-        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
+        let step =
+            r.handle(t0(), Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
         assert_eq!(step.transition, Some(Transition::Updated));
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "B");
         assert!(watches(&step).is_empty());
         // The same again: nothing to publish.
-        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
+        let step =
+            r.handle(t0(), Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
         assert!(step.publish.is_none() && step.transition.is_none());
         // The slice goes: first the driver's unbound slices are looked at, then the values are lost.
-        let step =
-            r.handle(Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) });
+        let step = r.handle(
+            t0(),
+            Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) },
+        );
         let driver = Scope::DriverSlices("gpu.example.com".into());
         assert_eq!(lists(&step), vec![driver.clone()]);
         assert!(step.transition.is_none());
         let filter = r.filter.clone().unwrap();
-        let step = r.handle(listed(driver.clone(), vec![], Some(&filter)));
+        let step = r.handle(t0(), listed(driver.clone(), vec![], Some(&filter)));
         assert!(matches!(&step.transition, Some(Transition::Lost { missing }) if !missing.is_empty()));
         assert_eq!(watches(&step), vec![driver], "the new scope is followed too");
         assert_eq!(r.phase(), Phase::Degraded);
-        let step = r.handle(Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 2, &[("g0", "C")]) });
+        let step =
+            r.handle(t0(), Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 2, &[("g0", "C")]) });
         assert_eq!(step.transition, Some(Transition::Recovered));
         assert_eq!(uuid(step.publish.as_ref().unwrap()), "C");
         // A watch that ends is resumed from the last version seen; an expired one is listed again.
-        let step = r.handle(ended(node_scope(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 0));
+        let step =
+            r.handle(t0(), ended(node_scope(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 0));
         assert!(
             matches!(&step.actions[..], [Action::Watch { scope, resource_version, after }] if *scope == node_scope() && resource_version == "9" && after.is_zero())
         );
-        let step = r.handle(Input::Expired(node_scope()));
+        let step = r.handle(t0(), Input::Expired(node_scope()));
         assert_eq!(lists(&step), vec![node_scope()]);
         assert!(watches(&step).is_empty(), "no watch while the relist runs");
         // After ready, the deadline no longer applies.
-        assert!(r.handle(Input::Deadline).done.is_none());
+        assert!(r.handle(t0(), Input::Deadline).done.is_none());
     }
 
     /// The pod as fetched at resource version `rv`, with the kubelet's health of g0.
@@ -994,11 +1134,11 @@ mod tests {
     /// reconciler and the step that made it ready.
     fn serving_pod_at_version_3() -> (Reconciler, Step) {
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        r.handle(Input::Pod(pod_at("3", None)));
-        let claims = r.handle(listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
+        r.start(t0());
+        r.handle(t0(), Input::Pod(pod_at("3", None)));
+        let claims = r.handle(t0(), listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
         let filter = filter_of(&claims).unwrap();
-        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        let step = r.handle(t0(), listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
         (r, step)
     }
 
@@ -1011,34 +1151,34 @@ mod tests {
             if *scope == pod_scope && resource_version == "3")));
         assert!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health").is_none());
         // The kubelet reports the device: the watch brings the pod, the tree has its health.
-        let step =
-            r.handle(Input::Applied { scope: pod_scope.clone(), item: Item::Pod(pod_at("4", Some("Unhealthy"))) });
+        let step = r
+            .handle(t0(), Input::Applied { scope: pod_scope.clone(), item: Item::Pod(pod_at("4", Some("Unhealthy"))) });
         assert_eq!(step.transition, Some(Transition::Updated));
         assert_eq!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health"), Some(&b"Unhealthy"[..]));
         // Another pod on the pod's watch is not taken.
         let mut other = pod_at("5", Some("Healthy"));
         other.metadata.name = Some("q".into());
-        let step = r.handle(Input::Applied { scope: pod_scope.clone(), item: Item::Pod(other) });
+        let step = r.handle(t0(), Input::Applied { scope: pod_scope.clone(), item: Item::Pod(other) });
         assert!(step.publish.is_none());
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "the pod is fetched again");
-        r.handle(Input::Pod(pod_at("6", Some("Unhealthy"))));
+        r.handle(t0(), Input::Pod(pod_at("6", Some("Unhealthy"))));
         // 410 Gone: the pod is fetched again (never listed), and watched from that answer.
-        r.handle(ended(pod_scope.clone(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 1));
-        let step = r.handle(Input::Expired(pod_scope.clone()));
+        r.handle(t0(), ended(pod_scope.clone(), Duration::from_secs(crate::engine::api::WATCH_SECONDS_MIN.into()), 1));
+        let step = r.handle(t0(), Input::Expired(pod_scope.clone()));
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })), "{:?}", step.actions);
         assert!(lists(&step).is_empty() && watches(&step).is_empty());
-        let step = r.handle(Input::Pod(pod_at("9", Some("Healthy"))));
+        let step = r.handle(t0(), Input::Pod(pod_at("9", Some("Healthy"))));
         assert!(step.actions.iter().any(|a| matches!(a, Action::Watch { scope, resource_version, .. }
             if *scope == pod_scope && resource_version == "9")));
         assert_eq!(step.publish.unwrap().built.tree.get("gpu/gpu/0/.health"), Some(&b"Healthy"[..]));
         // Forbidden (RBAC without watch on pods): a warning, and no more tries.
         let forbidden =
             ApiError::Forbidden { verb: "watch", resource: "pods".into(), scope: String::new(), message: "no".into() };
-        let step = r.handle(Input::Failed { scope: pod_scope.clone(), error: forbidden });
+        let step = r.handle(t0(), Input::Failed { scope: pod_scope.clone(), error: forbidden });
         assert!(step.done.is_none(), "serve goes on");
         assert!(step.warnings.iter().any(|w| w.contains("device health will not follow")), "{:?}", step.warnings);
         assert!(step.actions.is_empty());
-        let step = r.handle(Input::Pod(pod_at("12", Some("Unhealthy"))));
+        let step = r.handle(t0(), Input::Pod(pod_at("12", Some("Unhealthy"))));
         assert!(watches(&step).is_empty(), "{:?}", step.actions);
     }
 
@@ -1049,7 +1189,7 @@ mod tests {
     fn refetching_the_pod_after_ready_backs_off_like_every_other_scope() {
         let (mut r, ready) = serving_pod_at_version_3();
         assert!(matches!(ready.transition, Some(Transition::Ready { .. })));
-        let step = r.handle(Input::Expired(Scope::Pod("p".into())));
+        let step = r.handle(t0(), Input::Expired(Scope::Pod("p".into())));
         assert!(step.actions.iter().any(|a| matches!(a, Action::GetPod { .. })));
         let mut delays = Vec::new();
         for _ in 0..6 {
@@ -1060,7 +1200,7 @@ mod tests {
                 message: "HTTP 503".into(),
                 code: Some(503),
             };
-            let step = r.handle(Input::PodFailed(failed));
+            let step = r.handle(t0(), Input::PodFailed(failed));
             assert!(step.done.is_none(), "serve goes on");
             delays.extend(step.actions.iter().filter_map(|a| match a {
                 Action::GetPod { after } => Some(*after),
@@ -1075,8 +1215,8 @@ mod tests {
     #[test]
     fn init_does_not_follow_the_pod() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        let step = r.handle(Input::Pod(pod_at("3", None)));
+        r.start(t0());
+        let step = r.handle(t0(), Input::Pod(pod_at("3", None)));
         assert!(!r.store.has_scope(&Scope::Pod("p".into())));
         assert!(watches(&step).is_empty());
     }
@@ -1098,22 +1238,22 @@ mod tests {
         };
         // Before ready: 403 ends the run; 500 is retried with growing delays.
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        r.handle(pod(&[("gpu", "c")], &[]));
-        let step = r.handle(Input::Failed { scope: node_scope(), error: failed.clone() });
+        r.start(t0());
+        r.handle(t0(), pod(&[("gpu", "c")], &[]));
+        let step = r.handle(t0(), Input::Failed { scope: node_scope(), error: failed.clone() });
         assert!(matches!(&step.actions[..], [Action::List { after, .. }] if *after == Duration::from_millis(200)));
         assert_eq!(step.warnings.len(), 1);
-        let step = r.handle(Input::Failed { scope: node_scope(), error: failed.clone() });
+        let step = r.handle(t0(), Input::Failed { scope: node_scope(), error: failed.clone() });
         assert!(matches!(&step.actions[..], [Action::List { after, .. }] if *after == Duration::from_millis(400)));
         assert!(step.warnings.is_empty(), "the same warning is not repeated");
         let waiting = r.waiting_for().join("; ");
         assert!(waiting.contains("not listed yet: cannot list") || waiting.contains("HTTP 500"), "{waiting}");
-        let step = r.handle(Input::Failed { scope: node_scope(), error: forbidden.clone() });
+        let step = r.handle(t0(), Input::Failed { scope: node_scope(), error: forbidden.clone() });
         assert!(matches!(step.done, Some(Err(EngineError::Api(ApiError::Forbidden { .. })))));
         // After ready: the same 403 is retried and the last tree stays.
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
         first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
-        let step = r.handle(Input::Failed { scope: node_scope(), error: forbidden });
+        let step = r.handle(t0(), Input::Failed { scope: node_scope(), error: forbidden });
         assert!(step.done.is_none() && step.publish.is_none());
         assert_eq!(lists(&step), vec![node_scope()]);
     }
@@ -1121,16 +1261,19 @@ mod tests {
     #[test]
     fn the_deadline_says_what_is_still_missing() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        let step = r.handle(Input::PodFailed(ApiError::Failed {
-            verb: "get",
-            resource: "pods".into(),
-            scope: " (ns/p)".into(),
-            message: "no answer within 3000 ms".into(),
-            code: None,
-        }));
+        r.start(t0());
+        let step = r.handle(
+            t0(),
+            Input::PodFailed(ApiError::Failed {
+                verb: "get",
+                resource: "pods".into(),
+                scope: " (ns/p)".into(),
+                message: "no answer within 3000 ms".into(),
+                code: None,
+            }),
+        );
         assert!(matches!(step.actions[..], [Action::GetPod { .. }]));
-        let step = r.handle(Input::Deadline);
+        let step = r.handle(t0(), Input::Deadline);
         let Some(Err(EngineError::Timeout { waiting_for })) = step.done else { panic!("{:?}", step.done) };
         assert_eq!(waiting_for.len(), 1);
         assert!(
@@ -1140,25 +1283,25 @@ mod tests {
 
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
         first_reads(&mut r, &[], vec![]);
-        let Some(Err(EngineError::Timeout { waiting_for })) = r.handle(Input::Deadline).done else { panic!() };
+        let Some(Err(EngineError::Timeout { waiting_for })) = r.handle(t0(), Input::Deadline).done else { panic!() };
         assert!(waiting_for[0].contains("ResourceClaim c is not allocated yet"), "{waiting_for:?}");
     }
 
     #[test]
     fn a_generated_claim_not_in_the_pod_status_refetches_the_pod() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        let step = r.handle(pod(&[("gpu", "template:t")], &[]));
+        r.start(t0());
+        let step = r.handle(t0(), pod(&[("gpu", "template:t")], &[]));
         assert_eq!(lists(&step), vec![node_scope()], "no claim to list yet");
         let filter = filter_of(&step).unwrap();
-        let step = r.handle(listed(node_scope(), vec![], Some(&filter)));
+        let step = r.handle(t0(), listed(node_scope(), vec![], Some(&filter)));
         assert!(
             matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO),
             "{:?}",
             step.actions
         );
         assert_eq!(r.phase(), Phase::WaitingForClaims);
-        let step = r.handle(pod(&[("gpu", "template:t")], &[("gpu", "p-gpu-x")]));
+        let step = r.handle(t0(), pod(&[("gpu", "template:t")], &[("gpu", "p-gpu-x")]));
         assert_eq!(lists(&step), vec![claim_scope("p-gpu-x")]);
     }
 
@@ -1166,9 +1309,9 @@ mod tests {
     fn a_claim_the_pod_does_not_have_ends_the_run_at_once() {
         let sel = Selection { claims: vec!["nope".into()] };
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), sel, vec![]);
-        r.start();
-        let step = r.handle(pod(&[("gpu", "c")], &[]));
-        let step = if step.done.is_some() { step } else { r.handle(listed(node_scope(), vec![], None)) };
+        r.start(t0());
+        let step = r.handle(t0(), pod(&[("gpu", "c")], &[]));
+        let step = if step.done.is_some() { step } else { r.handle(t0(), listed(node_scope(), vec![], None)) };
         assert!(
             matches!(step.done, Some(Err(EngineError::Permanent(Missing::UnknownClaim { .. })))),
             "{:?}",
@@ -1179,10 +1322,10 @@ mod tests {
     #[test]
     fn a_pod_that_is_not_the_one_asked_for_is_not_used() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        r.start();
+        r.start(t0());
         let Input::Pod(mut other) = pod(&[("gpu", "c")], &[]) else { unreachable!() };
         other.metadata.name = Some("someone-else".into());
-        let step = r.handle(Input::Pod(other));
+        let step = r.handle(t0(), Input::Pod(other));
         assert!(
             matches!(&step.actions[..], [Action::GetPod { after }] if *after > Duration::ZERO),
             "{:?}",
@@ -1195,20 +1338,21 @@ mod tests {
     #[test]
     fn objects_outside_a_scope_are_ignored_with_a_warning() {
         let mut r = Reconciler::new(Mode::Once, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        r.handle(pod(&[("gpu", "c")], &[]));
+        r.start(t0());
+        r.handle(t0(), pod(&[("gpu", "c")], &[]));
         // A server that ignored the selectors: another claim, and a claim of another namespace.
         let mut foreign: ResourceClaim = match claim("c", &["g0"]) {
             Item::Claim(c) => *c,
             _ => unreachable!(),
         };
         foreign.metadata.namespace = Some("other".into());
-        let step = r.handle(listed(claim_scope("c"), vec![claim("x", &["g9"]), Item::Claim(Box::new(foreign))], None));
+        let step =
+            r.handle(t0(), listed(claim_scope("c"), vec![claim("x", &["g9"]), Item::Claim(Box::new(foreign))], None));
         assert_eq!(step.warnings.len(), 2, "{:?}", step.warnings);
         let filter = filter_of(&step).unwrap();
         assert!(filter.is_empty(), "nothing of the foreign claims is wanted");
         // Another node's slice on the node's watch is ignored too.
-        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n2"), 1, &[("g0", "X")])], Some(&filter)));
+        let step = r.handle(t0(), listed(node_scope(), vec![slice("s", Some("n2"), 1, &[("g0", "X")])], Some(&filter)));
         assert_eq!(step.warnings.len(), 1);
         let Some(Ok(res)) = step.done else { panic!() };
         assert!(res.missing.iter().any(|m| matches!(m, Missing::ClaimNotFound { .. })));
@@ -1222,7 +1366,7 @@ mod tests {
         let driver = Scope::DriverSlices("gpu.example.com".into());
         assert_eq!(lists(&step), vec![driver.clone()]);
         let filter = r.filter.clone().unwrap();
-        let step = r.handle(listed(driver, vec![], Some(&filter)));
+        let step = r.handle(t0(), listed(driver, vec![], Some(&filter)));
         assert!(watches(&step).is_empty() && step.publish.is_none());
         let Some(Ok(res)) = step.done else { panic!("{:?}", step.done) };
         assert!(!res.is_complete());
@@ -1257,25 +1401,26 @@ mod tests {
         let (_, step) = first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
         assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO), "the first watch at once");
         // A watch the server refuses: watched again from the same version, later (no list needed).
-        let step = r.handle(failed("watch"));
+        let step = r.handle(t0(), failed("watch"));
         let first = watch_after(&step, &node_scope()).expect("watched again");
         assert!(first >= WatchBackoff::INITIAL, "{first:?}");
         assert!(lists(&step).is_empty() && step.publish.is_none());
-        let step = r.handle(failed("watch"));
+        let step = r.handle(t0(), failed("watch"));
         let second = watch_after(&step, &node_scope()).unwrap();
         assert!(second >= 2 * WatchBackoff::INITIAL, "{second:?} after {first:?}");
         // 410 Gone: listed again after a delay; the list succeeds, and the
         // next trouble still waits longer (client-go's reflector does the same).
-        let step = r.handle(Input::Expired(node_scope()));
+        let step = r.handle(t0(), Input::Expired(node_scope()));
         let relist = list_after(&step, &node_scope()).expect("relisted");
         assert!(relist >= 4 * WatchBackoff::INITIAL, "{relist:?}");
-        let step = r.handle(listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], r.filter.as_ref()));
+        let step =
+            r.handle(t0(), listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], r.filter.as_ref()));
         assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO), "a fresh list is watched at once");
-        let step = r.handle(Input::Expired(node_scope()));
+        let step = r.handle(t0(), Input::Expired(node_scope()));
         let later = list_after(&step, &node_scope()).unwrap();
         assert!(later >= 8 * WatchBackoff::INITIAL && later <= WatchBackoff::CAP, "{later:?}");
         // One backoff for the run: another scope's trouble goes on from there.
-        let step = r.handle(Input::Expired(claim_scope("c")));
+        let step = r.handle(t0(), Input::Expired(claim_scope("c")));
         let claim = list_after(&step, &claim_scope("c")).unwrap();
         assert!(claim >= 16 * WatchBackoff::INITIAL && claim <= WatchBackoff::CAP, "{claim:?}");
     }
@@ -1285,26 +1430,26 @@ mod tests {
         let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
         first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
         // Closed at once with nothing: resumed after a delay that grows.
-        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 0));
+        let step = r.handle(t0(), ended(node_scope(), Duration::from_millis(3), 0));
         let first = watch_after(&step, &node_scope()).expect("resumed");
         assert!(first >= WatchBackoff::INITIAL, "{first:?}");
-        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 0));
+        let step = r.handle(t0(), ended(node_scope(), Duration::from_millis(3), 0));
         assert!(watch_after(&step, &node_scope()).unwrap() > first);
         // Closed early, but it brought a change: resumed at once.
-        let step = r.handle(ended(node_scope(), Duration::from_millis(3), 1));
+        let step = r.handle(t0(), ended(node_scope(), Duration::from_millis(3), 1));
         assert_eq!(watch_after(&step, &node_scope()), Some(Duration::ZERO));
         // Closed when its time was up: resumed at once.
-        let step = r.handle(ended(claim_scope("c"), WATCH_CUT_SHORT, 0));
+        let step = r.handle(t0(), ended(claim_scope("c"), WATCH_CUT_SHORT, 0));
         assert_eq!(watch_after(&step, &claim_scope("c")), Some(Duration::ZERO));
     }
 
     #[test]
     fn the_pod_is_fetched_again_with_growing_delays_while_its_claim_is_pending() {
         let mut r = Reconciler::new(Mode::UntilReady, pod_ref(), Selection::default(), vec![]);
-        r.start();
-        let step = r.handle(pod(&[("gpu", "template:t")], &[]));
+        r.start(t0());
+        let step = r.handle(t0(), pod(&[("gpu", "template:t")], &[]));
         let filter = filter_of(&step).unwrap();
-        let step = r.handle(listed(node_scope(), vec![], Some(&filter)));
+        let step = r.handle(t0(), listed(node_scope(), vec![], Some(&filter)));
         let mut delays = Vec::new();
         let mut step = step;
         for _ in 0..4 {
@@ -1314,7 +1459,7 @@ mod tests {
             });
             delays.push(after.expect("the pod again"));
             // The pod comes back, still without the generated claim.
-            step = r.handle(pod(&[("gpu", "template:t")], &[]));
+            step = r.handle(t0(), pod(&[("gpu", "template:t")], &[]));
         }
         assert!(delays.windows(2).all(|w| w[1] > w[0]), "an answer does not reset the delay: {delays:?}");
     }
@@ -1325,23 +1470,103 @@ mod tests {
         first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
         let burst = ["B", "C", "D"]
             .map(|uuid| Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) });
-        let step = r.handle_all(burst);
+        let step = r.handle_all(t0(), burst);
         assert_eq!(uuid(step.publish.as_ref().expect("one publication")), "D");
         assert_eq!(step.transition, Some(Transition::Updated));
         // A change and its undoing in one batch: nothing to publish.
-        let step = r.handle_all([
-            Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "E")]) },
-            Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "D")]) },
-        ]);
+        let step = r.handle_all(
+            t0(),
+            [
+                Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "E")]) },
+                Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "D")]) },
+            ],
+        );
         assert!(step.publish.is_none() && step.transition.is_none());
         // Taken in while a tree is written, resolved once afterwards.
         for uuid in ["F", "G"] {
-            let step =
-                r.absorb([Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) }]);
+            let step = r.absorb(
+                t0(),
+                [Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", uuid)]) }],
+            );
             assert!(step.publish.is_none() && step.actions.is_empty());
         }
         assert!(r.is_unsettled());
-        assert_eq!(uuid(r.settle().publish.as_ref().unwrap()), "G");
-        assert!(!r.is_unsettled() && r.settle().publish.is_none());
+        assert_eq!(uuid(r.settle(t0()).publish.as_ref().unwrap()), "G");
+        assert!(!r.is_unsettled() && r.settle(t0()).publish.is_none());
+    }
+
+    /// Every row of the transition table, as a reader of `serve`'s Events
+    /// expects them: the first ready, a loss, a recovery, updates only while
+    /// ready, and while waiting only a change of what is missing.
+    #[test]
+    fn the_transition_table() {
+        use Change::*;
+        let phases =
+            [Phase::WaitingForPod, Phase::WaitingForClaims, Phase::WaitingForDevices, Phase::Ready, Phase::Degraded];
+        for was in phases {
+            for (ready, missing_changed, tree_changed) in
+                (0..8).map(|bits| (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0))
+            {
+                let want = match (was, ready) {
+                    (Phase::Ready, true) => tree_changed.then_some(Updated),
+                    (Phase::Ready, false) => Some(Lost),
+                    (Phase::Degraded, true) => Some(Recovered),
+                    (Phase::Degraded, false) => None,
+                    (_, true) => Some(Ready),
+                    (_, false) => missing_changed.then_some(Waiting),
+                };
+                assert_eq!(
+                    change(was, ready, missing_changed, tree_changed),
+                    want,
+                    "from {was:?}, ready {ready}, missing changed {missing_changed}, tree changed {tree_changed}"
+                );
+            }
+        }
+    }
+
+    /// Once ready, a run never goes back to waiting: the pod gains a claim
+    /// (its status names a generated one) and while that claim is listed, the
+    /// tree published stays served and the run stays ready.
+    #[test]
+    fn a_ready_run_stays_ready_while_a_new_scope_is_listed() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        assert_eq!(r.phase(), Phase::Ready);
+        let step = r.handle(t0(), pod(&[("gpu", "c"), ("extra", "template:t")], &[("extra", "p-extra-x")]));
+        assert_eq!(lists(&step), vec![claim_scope("p-extra-x")]);
+        assert_eq!(r.phase(), Phase::Ready, "the published tree is still served");
+        assert!(step.transition.is_none() && step.publish.is_none());
+        assert!(r.handle(t0(), Input::Deadline).done.is_none(), "no deadline after ready");
+    }
+
+    /// The clock is an input: the summary counts from `start`, and the run's
+    /// backoff forgets trouble after a quiet spell of RESET_AFTER.
+    #[test]
+    fn time_comes_with_the_inputs() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        r.start(t0());
+        let later = t0() + Duration::from_millis(1500);
+        r.handle(later, pod(&[("gpu", "c")], &[]));
+        let claims = r.handle(later, listed(claim_scope("c"), vec![claim("c", &["g0"])], None));
+        let filter = filter_of(&claims).unwrap();
+        let step =
+            r.handle(later, listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        assert!(
+            matches!(&step.transition, Some(Transition::Ready { summary }) if summary.ends_with("after 1500 ms")),
+            "{:?}",
+            step.transition
+        );
+        let mut at = later;
+        let mut last = Duration::ZERO;
+        for _ in 0..4 {
+            let step = r.handle(at, Input::Expired(node_scope()));
+            last = list_after(&step, &node_scope()).unwrap();
+            r.handle(at, listed(node_scope(), vec![slice("s", Some("n1"), 1, &[("g0", "A")])], Some(&filter)));
+        }
+        assert!(last >= 8 * WatchBackoff::INITIAL, "{last:?}");
+        at += last + WatchBackoff::RESET_AFTER;
+        let step = r.handle(at, Input::Expired(node_scope()));
+        let after = list_after(&step, &node_scope()).unwrap();
+        assert!(after < 2 * WatchBackoff::INITIAL, "a quiet spell resets the backoff: {after:?}");
     }
 }

@@ -1,0 +1,220 @@
+//! One run, whichever the source: the metrics, the outputs (tree, standard
+//! view, Events), the source of the inputs (the API server or a file) and
+//! the reconciler, wired once for every command that resolves (`init`,
+//! `serve`, `get`, `exec`). The commands only turn flags into a [`Source`]
+//! and a [`Publishing`], and a [`RunError`] into an exit code.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::engine::drive::{self, DriveError, Feed};
+use crate::engine::file::{FileFeed, FileSource};
+use crate::engine::reconcile::{Action, Input, Mode, Reconciler};
+use crate::engine::source::{Engine, NoCredentials, connect};
+use crate::model::objects::LoadError;
+use crate::model::resolve::{Resolution, Selection};
+use crate::model::tree::RequirePath;
+use crate::publish::events::{self, Events, EventsMode, Note};
+use crate::publish::files::{AtomicDir, WriteError};
+use crate::publish::fuse::{FuseError, FuseMount};
+use crate::publish::metadata_dir::MetadataDirError;
+use crate::publish::metrics::{self, Metrics};
+use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
+
+/// Where the pod's objects come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file of objects (`-`: standard input), and which of its pods.
+    File { path: PathBuf, pod_name: Option<String> },
+    /// The API server, with the cluster's credentials.
+    Api {
+        pod_name: String,
+        /// None: the kubeconfig context's.
+        namespace: Option<String>,
+    },
+}
+
+/// How the tree is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeBackend {
+    /// Files swapped in atomically.
+    Files,
+    /// A FUSE mount.
+    Fuse,
+}
+
+/// Where and how a run publishes (`init`, `serve`).
+#[derive(Debug, Clone)]
+pub struct Publishing {
+    pub backend: TreeBackend,
+    pub dir: PathBuf,
+    pub metadata_dir: Option<PathBuf>,
+    pub metadata_from_drivers: Vec<String>,
+    pub require: Vec<RequirePath>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub events: EventsMode,
+}
+
+/// Why a run could not start, or ended without a result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No usable cluster credentials (a usage error for the commands).
+    #[error(transparent)]
+    Credentials(#[from] NoCredentials),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    MetricsAddr { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    File(#[from] LoadError),
+    #[error("tree: {0}")]
+    Tree(#[from] WriteError),
+    #[error(transparent)]
+    Fuse(#[from] FuseError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataDirError),
+    #[error(transparent)]
+    Drive(#[from] DriveError),
+}
+
+/// The inputs of a run: the API server's answers, or a file's.
+/// (One per run, made once: the sizes of the two variants do not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Inputs {
+    Api(Engine),
+    File(FileFeed),
+}
+
+impl Feed for Inputs {
+    fn execute(&mut self, actions: Vec<Action>) {
+        match self {
+            Inputs::Api(engine) => Feed::execute(engine, actions),
+            Inputs::File(file) => file.execute(actions),
+        }
+    }
+
+    async fn next_batch(&mut self) -> Vec<Input> {
+        match self {
+            Inputs::Api(engine) => Feed::next_batch(engine).await,
+            Inputs::File(file) => file.next_batch().await,
+        }
+    }
+
+    fn clear_deadline(&mut self) {
+        if let Inputs::Api(engine) = self {
+            engine.clear_deadline();
+        }
+    }
+}
+
+/// One run: its inputs, the reconciler, and (when it publishes) the outputs.
+pub struct Run {
+    inputs: Inputs,
+    reconciler: Reconciler,
+    outputs: Option<Outputs>,
+    mount_id: Option<u64>,
+}
+
+impl Run {
+    /// Resolve once, without waiting for what is missing, and publish nothing (`get`, `exec`).
+    pub async fn resolve_once(
+        source: &Source,
+        selection: Selection,
+        timeout: Duration,
+    ) -> Result<Resolution, RunError> {
+        let mut run = Run::wire(source, Mode::Once, selection, timeout, Vec::new(), None).await?;
+        Ok(run.drive().await?)
+    }
+
+    /// Take the outputs (metrics address, tree directory or mount point, the
+    /// standard view's directory), then read the file or connect, and wire a
+    /// reconciler in `mode` (`init`: until ready; `serve`: follow).
+    pub async fn publishing(
+        source: &Source,
+        mode: Mode,
+        selection: Selection,
+        timeout: Duration,
+        out: &Publishing,
+    ) -> Result<Run, RunError> {
+        let metrics = Arc::new(Metrics::default());
+        if let Some(addr) = out.metrics_addr {
+            let listener = metrics::bind(addr).await.map_err(|source| RunError::MetricsAddr { addr, source })?;
+            tokio::spawn(metrics::serve(listener, metrics.clone()));
+        }
+        let tree = match out.backend {
+            TreeBackend::Fuse => TreeOutput::Fuse(FuseMount::mount(&out.dir, Some(metrics.clone()))?),
+            TreeBackend::Files => TreeOutput::Files(AtomicDir::open(&out.dir)?),
+        };
+        let mount_id = match &tree {
+            TreeOutput::Fuse(m) => m.mount_id(),
+            TreeOutput::Files(_) => None,
+        };
+        let publisher = Publisher::new(tree, out.metadata_dir.as_deref(), &out.metadata_from_drivers)?;
+        let wired = (publisher, metrics, out);
+        let mut run = Run::wire(source, mode, selection, timeout, out.require.clone(), Some(wired)).await?;
+        run.mount_id = mount_id;
+        Ok(run)
+    }
+
+    async fn wire(
+        source: &Source,
+        mode: Mode,
+        selection: Selection,
+        timeout: Duration,
+        require: Vec<RequirePath>,
+        publish: Option<(Publisher, Arc<Metrics>, &Publishing)>,
+    ) -> Result<Run, RunError> {
+        let (inputs, reconciler, events) = match source {
+            Source::File { path, pod_name } => {
+                let file = FileSource::read(path, pod_name.as_deref())?;
+                let reconciler = Reconciler::new(mode, file.pod, selection, require).fixed(file.shown);
+                (Inputs::File(file.feed), reconciler, Events::none())
+            }
+            Source::Api { pod_name, namespace } => {
+                let (client, pod) = connect(pod_name.clone(), namespace.clone()).await?;
+                info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?mode, "resolving");
+                let events = match &publish {
+                    Some((_, _, out)) => Events::start(client.clone(), pod.clone(), out.events),
+                    None => Events::none(),
+                };
+                let metrics = publish.as_ref().map(|(_, m, _)| m.clone());
+                let engine = Engine::new(client, pod.clone(), drive::deadline(timeout)).with_metrics(metrics);
+                (Inputs::Api(engine), Reconciler::new(mode, pod, selection, require), events)
+            }
+        };
+        let outputs = publish.map(|(publisher, metrics, out)| Outputs::new(publisher, metrics, events, &out.dir));
+        Ok(Run { inputs, reconciler, outputs, mount_id: None })
+    }
+
+    /// The FUSE mount this run serves, by mount id.
+    pub fn mount_id(&self) -> Option<u64> {
+        self.mount_id
+    }
+
+    /// Drive until the run is done: a failed write ends a run that stops at
+    /// ready (`init`); one that follows (`serve`) writes again later.
+    pub async fn drive(&mut self) -> Result<Resolution, DriveError> {
+        let until_ready = self.reconciler.mode() != Mode::Follow;
+        drive::drive(&mut self.inputs, &mut self.reconciler, self.outputs.as_mut(), until_ready).await
+    }
+
+    /// Stop asking for inputs, record why the run failed on the pod, and send the Events.
+    pub async fn fail(self, message: String) {
+        let Run { inputs, reconciler, outputs, .. } = self;
+        drop(inputs);
+        if let Some(outputs) = outputs {
+            outputs.record(Note { warning: true, reason: events::NOT_READY, message, uid: reconciler.pod_uid() });
+            outputs.finish().await;
+        }
+    }
+
+    /// Send the Events still queued.
+    pub async fn finish(self) {
+        drop(self.inputs);
+        if let Some(outputs) = self.outputs {
+            outputs.finish().await;
+        }
+    }
+}
