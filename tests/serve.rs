@@ -232,6 +232,34 @@ fn sigterm_unmounts_and_sigkill_leaves_a_mount_the_next_instance_clears() {
     assert_eq!(second.read(NIC0_IFNAME).as_deref(), Some("ens3f0np0"));
 }
 
+/// SIGTERM while a tree is being written (issue 25, item 12: the flaky
+/// stop). The write is finished and the tree unmounted by the server itself
+/// before it exits 0, with a reader holding a file open: the new value is
+/// what the last write left, and nothing stays mounted.
+#[test]
+fn sigterm_during_a_write_finishes_it_and_unmounts() {
+    if !require_fuse() {
+        return;
+    }
+    let (api, env) = rdma();
+    let mnt = env.path("mnt");
+    let writing = env.path("writing");
+    let slow = format!("1500:{}", writing.display());
+    let mut serve = Serve::start_with_env(&env, &mnt, &[], &[("DRAFS_TEST_SLOW_WRITE", &slow)]);
+    serve.wait_for(".ready", Some(""), LIMIT);
+    let held = std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap();
+    std::fs::remove_file(&writing).unwrap();
+    set_nic_attribute(&api, "dra.net/ifName", "written-while-stopping");
+    wait_until("a write of the change to start", LIMIT, || writing.exists());
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!is_mounted(&mnt), "the tree was left mounted: {}", stderr(&out));
+    assert!(stderr(&out).contains("unmounted"), "the server unmounted it itself: {}", stderr(&out));
+    assert!(!stderr(&out).contains("unmounting the tree it left"), "not left to the supervisor: {}", stderr(&out));
+    drop(held);
+}
+
 #[test]
 fn a_killed_fuse_server_leaves_no_stale_mount() {
     if !require_fuse() {

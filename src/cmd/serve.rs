@@ -30,24 +30,26 @@ impl Config {
     }
 }
 
-/// Serve until stopped: a stop is the normal end (exit 0), and dropping the
-/// run unmounts a FUSE tree. Fails only if not ready by the deadline (or at
-/// start-up), or when the mount is taken away.
+/// Serve until stopped: a stop is the normal end (exit 0). A write under way
+/// is finished first and the run dropped, which unmounts a FUSE tree. Fails
+/// only if not ready by the deadline (or at start-up), or when the mount is
+/// taken away.
 pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
-    tokio::select! {
-        result = serve(&c) => logged(&c.output.termination_log, result),
-        signal = stop.signalled() => {
-            info!("{signal}: stopping");
-            Ok(())
-        }
-    }
+    logged(&c.output.termination_log, serve(&c, stop).await)
 }
 
-async fn serve(c: &Config) -> Result<(), Failure> {
+async fn serve(c: &Config, stop: Stop) -> Result<(), Failure> {
     let (select, publishing) = (&c.select, &c.output.publishing);
-    let mut run = Run::publishing(&c.source, Mode::Follow, select.selection.clone(), select.timeout, publishing)
-        .await
-        .map_err(|e| run_failure(e, select.timeout))?;
+    let stopped = stop.signalled();
+    tokio::pin!(stopped);
+    let started = Run::publishing(&c.source, Mode::Follow, select.selection.clone(), select.timeout, publishing);
+    let mut run = tokio::select! {
+        run = started => run.map_err(|e| run_failure(e, select.timeout))?,
+        signal = &mut stopped => {
+            info!("{signal}: stopping");
+            return Ok(());
+        }
+    };
     // Serve has no end but a signal: the drive only returns with an error,
     // and the mount only goes away if someone removes it.
     let mount_id = run.mount_id();
@@ -57,6 +59,11 @@ async fn serve(c: &Config) -> Result<(), Failure> {
             Err(e) => run_failure(e.into(), select.timeout),
         },
         () = mount_lost(mount_id) => mount_removed(&publishing.dir),
+        signal = &mut stopped => {
+            info!("{signal}: stopping");
+            run.stop().await;
+            return Ok(());
+        }
     };
     run.fail(failure.to_string()).await;
     Err(failure)

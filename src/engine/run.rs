@@ -25,6 +25,10 @@ use crate::publish::metadata_dir::MetadataDirError;
 use crate::publish::metrics::{self, Metrics};
 use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
 
+/// How long a stop waits for a write under way (the kubelet's grace period is
+/// 30 s by default).
+pub const STOP_WRITE_LIMIT: Duration = Duration::from_secs(10);
+
 /// Where the pod's objects come from.
 #[derive(Debug, Clone)]
 pub enum Source {
@@ -207,6 +211,16 @@ impl Run {
         if let Some(outputs) = outputs {
             outputs.record(Note { warning: true, reason: events::NOT_READY, message, uid: reconciler.pod_uid() });
             outputs.finish().await;
+        }
+    }
+
+    /// Stopped by a signal: a write under way is finished (within
+    /// [`STOP_WRITE_LIMIT`]) and the outputs dropped, so that a FUSE tree is
+    /// unmounted here rather than left to the supervisor.
+    pub async fn stop(self) {
+        drop(self.inputs);
+        if let Some(outputs) = self.outputs {
+            outputs.stop(STOP_WRITE_LIMIT).await;
         }
     }
 

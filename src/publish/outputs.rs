@@ -180,6 +180,7 @@ impl Outputs {
         };
         self.writing_reports = std::mem::take(&mut self.pending_reports);
         self.writing = Some(tokio::task::spawn_blocking(move || {
+            slow_write_for_tests();
             let result = publisher.publish(&publication.resolution, &publication.built);
             (publisher, publication, result)
         }));
@@ -214,6 +215,16 @@ impl Outputs {
     /// Queue an Event on the pod (the run's outcome, say).
     pub fn record(&self, note: Note) {
         self.events.record(note);
+    }
+
+    /// The end of a stopped run: wait up to `limit` for a write under way, so
+    /// that the tree is dropped (a FUSE tree unmounted) here and complete.
+    pub async fn stop(mut self, limit: std::time::Duration) {
+        if let Some(task) = self.writing.take()
+            && tokio::time::timeout(limit, task).await.is_err()
+        {
+            warn!("a write still runs after {limit:?}: stopping without it");
+        }
     }
 
     /// Send the Events still queued, as far as the API server lets them through.
@@ -304,5 +315,18 @@ impl Outputs {
                 self.events.record(note(false, events::READY, "ready again".into()));
             }
         }
+    }
+}
+
+/// Debug builds only (the tests' binary): with `DRAFS_TEST_SLOW_WRITE=MS:PATH`
+/// every write creates PATH and then takes MS longer, so that a test can stop
+/// drafs while a tree is being written.
+fn slow_write_for_tests() {
+    #[cfg(debug_assertions)]
+    if let Some((ms, path)) = std::env::var("DRAFS_TEST_SLOW_WRITE").ok().as_deref().and_then(|v| v.split_once(':'))
+        && let Ok(ms) = ms.parse::<u64>()
+    {
+        let _ = std::fs::write(path, b"");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

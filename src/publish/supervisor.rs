@@ -124,9 +124,31 @@ fn finish(status: libc::c_int, dir: &Path) -> i32 {
     } else {
         (1, format!("ended with status {status}"))
     };
-    if fuse::is_stale_mount(dir) && fuse::top_mount(dir).is_some_and(|m| m.is_drafs()) {
+    if becomes_stale(dir, STALE_WITHIN) && fuse::top_mount(dir).is_some_and(|m| m.is_drafs()) {
         warn!(dir = %dir.display(), "the FUSE server {how}; unmounting the tree it left");
         fuse::unmount(dir);
     }
     code
+}
+
+/// How long a dead server's mount may take to turn stale.
+const STALE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the drafs mount at `dir` is, or within `limit` turns, stale. A dead
+/// server's mount turns stale when the kernel has released its last
+/// `/dev/fuse` descriptor, which can trail the exit the supervisor is told of
+/// (its threads still leaving a read of the device); checked once, it was
+/// sometimes still live and was left mounted. No drafs mount there (the
+/// server unmounted its tree): false at once.
+fn becomes_stale(dir: &Path, limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if fuse::is_stale_mount(dir) {
+            return true;
+        }
+        if !fuse::top_mount(dir).is_some_and(|m| m.is_drafs()) || std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -202,16 +202,21 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(env: &Env, dir: &Path, extra: &[&str]) -> Serve {
+        Serve::start_with_env(env, dir, extra, &[])
+    }
+
+    /// [`Serve::start`] with more environment variables.
+    pub fn start_with_env(env: &Env, dir: &Path, extra: &[&str], vars: &[(&str, &str)]) -> Serve {
         let mut args = vec!["serve", "--dir", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
+        let mut cmd = env.command(&args);
+        cmd.envs(vars.iter().copied());
         // A process group of its own, so that a test can kill every process of
         // it at once, as the kubelet kills a container's cgroup.
-        let child = std::os::unix::process::CommandExt::process_group(
-            env.command(&args).stdout(Stdio::piped()).stderr(Stdio::piped()),
-            0,
-        )
-        .spawn()
-        .unwrap();
+        let child =
+            std::os::unix::process::CommandExt::process_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()), 0)
+                .spawn()
+                .unwrap();
         Serve { child: Some(child), dir: dir.to_path_buf() }
     }
 
