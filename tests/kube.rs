@@ -973,7 +973,7 @@ fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
             "--dir=/dra",
             "--metadata-dir=/var/run/kubernetes.io/dra-device-attributes",
             "--require=gpu/gpu/0/uuid",
-            "--timeout=120s"
+            "--timeout=2m"
         ])
     );
     assert_eq!(spec["serviceAccountName"], "drafs");

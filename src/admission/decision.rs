@@ -1058,7 +1058,7 @@ mod tests {
                 "--metadata-from-driver=gpu.example.com",
                 "--require=gpu/gpu/0/uuid",
                 "--require=gpu/gpu/0/resource.kubernetes.io/pciBusID",
-                "--timeout=120s"
+                "--timeout=2m"
             ])
         );
         assert_eq!(drafs["startupProbe"]["failureThreshold"], 130);

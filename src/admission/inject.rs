@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::admission::manifests::DEFAULT_ACCOUNT;
 use crate::model::extended::is_extended_resource;
 use crate::model::tree::RequirePath;
 
@@ -181,7 +182,8 @@ fn free_volume_name(volumes: &[Value], base: &str) -> String {
         .expect("an unbounded sequence has a free name")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How drafs runs in a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// `drafs init` as an init container: values written once, no privileges.
     Init,
@@ -277,11 +279,6 @@ fn downward_env() -> Value {
     ])
 }
 
-/// `90s`, or `250ms` when not whole seconds (as `--timeout` parses it).
-fn duration_arg(d: Duration) -> String {
-    if d.subsec_millis() == 0 { format!("{}s", d.as_secs()) } else { format!("{}ms", d.as_millis()) }
-}
-
 /// drafs's arguments for this mode and these options.
 fn drafs_args(opts: &Options) -> Vec<String> {
     let dir = &opts.dir;
@@ -296,7 +293,7 @@ fn drafs_args(opts: &Options) -> Vec<String> {
     }
     args.extend(opts.require.iter().map(|r| format!("--require={r}")));
     if let Some(t) = opts.timeout {
-        args.push(format!("--timeout={}", duration_arg(t)));
+        args.push(format!("--timeout={}", crate::model::names::duration_text(t)));
     }
     args
 }
@@ -418,14 +415,11 @@ fn account_is_unchosen(spec: &Value) -> bool {
 /// spec: drafs's own, or the one the pod chose.
 pub fn account_of(spec: &Value) -> String {
     if account_is_unchosen(spec) {
-        OWN_ACCOUNT.to_string()
+        DEFAULT_ACCOUNT.to_string()
     } else {
         spec["serviceAccountName"].as_str().unwrap_or_default().to_string()
     }
 }
-
-/// The account drafs brings to a pod that chose none.
-pub const OWN_ACCOUNT: &str = "drafs";
 
 /// Remove the token the ServiceAccount admission plugin mounted into every
 /// container (a pod seen by the webhook has it): the app gets no credentials.
@@ -505,10 +499,10 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     // When drafs brings the service account, only drafs gets its credentials:
     // no token is mounted into the app's containers.
     if own_account {
-        map.insert("serviceAccountName".into(), json!(OWN_ACCOUNT));
+        map.insert("serviceAccountName".into(), json!(DEFAULT_ACCOUNT));
         if map.contains_key("serviceAccount") {
             // The deprecated alias the API server fills in; keep the two equal.
-            map.insert("serviceAccount".into(), json!(OWN_ACCOUNT));
+            map.insert("serviceAccount".into(), json!(DEFAULT_ACCOUNT));
         }
         map.insert("automountServiceAccountToken".into(), json!(false));
     }

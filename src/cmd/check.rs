@@ -84,18 +84,37 @@ pub async fn run(c: Config) -> Result<(), Failure> {
     }
 }
 
-/// An API error in one line ("HTTP 403: ..." for the API server's refusals).
-fn api_error(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(status) => format!("HTTP {}: {}", status.code, status.message),
-        other => other.to_string(),
+/// Why a call to the API server failed; the RBAC check branches on a refusal.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    /// The API server answered with this status (403: the caller may not).
+    #[error("HTTP {code}: {message}")]
+    Status { code: u16, message: String },
+    #[error("no answer within {}s", .0.as_secs())]
+    Timeout(Duration),
+    #[error("{0}")]
+    Other(kube::Error),
+}
+
+impl From<kube::Error> for CallError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(status) => CallError::Status { code: status.code, message: status.message },
+            other => CallError::Other(other),
+        }
     }
 }
 
-async fn within<T>(limit: Duration, work: impl Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+impl CallError {
+    fn is_forbidden(&self) -> bool {
+        matches!(self, CallError::Status { code: 403, .. })
+    }
+}
+
+async fn within<T>(limit: Duration, work: impl Future<Output = Result<T, kube::Error>>) -> Result<T, CallError> {
     match tokio::time::timeout(limit, work).await {
-        Ok(result) => result.map_err(|e| api_error(&e)),
-        Err(_) => Err(format!("no answer within {}s", limit.as_secs())),
+        Ok(result) => result.map_err(CallError::from),
+        Err(_) => Err(CallError::Timeout(limit)),
     }
 }
 
@@ -116,7 +135,7 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
                 status: Status::Fail,
                 message: format!("cannot list mutatingwebhookconfigurations: {e}"),
                 fix: None,
-                details: serde_json::json!({"configurations": [], "entries": [], "error": e}),
+                details: serde_json::json!({"configurations": [], "entries": [], "error": e.to_string()}),
             });
             Vec::new()
         }
@@ -164,7 +183,7 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     // RBAC: the account drafs runs as.
     let account = c.service_account.clone().unwrap_or_else(|| match &pod_value {
         Some(pod) => inject::account_of(&pod["spec"]),
-        None => inject::OWN_ACCOUNT.to_string(),
+        None => manifests::DEFAULT_ACCOUNT.to_string(),
     });
     let answers = access(client, c.timeout, namespace, &account).await;
     checks.push(check::rbac(namespace, &account, answers));
@@ -302,7 +321,7 @@ async fn access(
         };
         match within(limit, api.create(&PostParams::default(), &review)).await {
             Ok(answer) => answers.push((grant.clone(), answer.status.is_some_and(|s| s.allowed))),
-            Err(e) if e.starts_with("HTTP 403") => {
+            Err(e) if e.is_forbidden() => {
                 forbidden = Some(e);
                 break;
             }
@@ -434,7 +453,8 @@ const PROXY_BODY_LIMIT: usize = 4096;
 /// [`PROXY_BODY_LIMIT`] bytes of the body, escaped. Never reads more.
 async fn proxied_status(client: &Client, request: http::Request<Vec<u8>>) -> Result<u16, String> {
     use http_body_util::BodyExt;
-    let response = client.send(request.map(kube::client::Body::from)).await.map_err(|e| api_error(&e))?;
+    let response =
+        client.send(request.map(kube::client::Body::from)).await.map_err(|e| CallError::from(e).to_string())?;
     let status = response.status();
     if status.is_success() {
         return Ok(status.as_u16());

@@ -7,11 +7,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::admission::inject::Mode;
+use crate::admission::manifests;
 use crate::model::envvars::EnvSpec;
 use crate::model::names::is_dns_label;
 pub use crate::model::names::{parse_driver_name, parse_duration};
 use crate::model::tree::RequirePath;
-pub use crate::publish::events::EventsMode;
+use crate::publish::events::EventsMode;
 
 #[derive(Debug, Parser)]
 #[command(name = "drafs", version, about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
@@ -150,8 +151,8 @@ pub struct WebhookArgs {
     pub dns_names: Vec<String>,
     /// The mode for a pod without the drafs.dev/inject label in a namespace labelled drafs.dev/inject=enabled
     /// (the API server sends those to /mutate/namespace).
-    #[arg(long, env = "DRAFS_NAMESPACE_MODE", value_enum, default_value_t = Mode::Init, value_name = "MODE")]
-    pub namespace_mode: Mode,
+    #[arg(long, env = "DRAFS_NAMESPACE_MODE", value_enum, default_value_t = ModeArg::Init, value_name = "MODE")]
+    pub namespace_mode: ModeArg,
 }
 
 #[derive(Debug, Args)]
@@ -164,8 +165,8 @@ pub struct InjectArgs {
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
     pub filenames: Vec<PathBuf>,
     /// How drafs runs in the pod.
-    #[arg(long, value_enum, default_value_t = Mode::Init)]
-    pub mode: Mode,
+    #[arg(long, value_enum, default_value_t = ModeArg::Init)]
+    pub mode: ModeArg,
     /// The drafs image to use (push the image to a registry your nodes pull from and name it here).
     #[arg(long, default_value = concat!("drafs:", env!("CARGO_PKG_VERSION")), value_parser = parse_image)]
     pub image: String,
@@ -237,7 +238,7 @@ pub struct RbacArgs {
     #[arg(long, short = 'n', value_parser = parse_namespace)]
     pub namespace: String,
     /// The service account the pods run drafs as.
-    #[arg(long, default_value = "drafs", value_parser = parse_namespace)]
+    #[arg(long, default_value = manifests::DEFAULT_ACCOUNT, value_parser = parse_namespace)]
     pub service_account: String,
     /// Also let drafs record Events on its pod (create events), for `kubectl describe pod`.
     #[arg(long)]
@@ -285,8 +286,8 @@ pub struct OutputArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Which Kubernetes Events to record on the pod: warnings (not ready by the deadline, values lost),
     /// all (also a Normal event once ready, one more request), or none. Needs the optional events Role.
-    #[arg(long, env = "DRAFS_EVENTS", value_enum, default_value_t = EventsMode::Warnings, value_name = "WHICH")]
-    pub events: EventsMode,
+    #[arg(long, env = "DRAFS_EVENTS", value_enum, default_value_t = EventsArg::Warnings, value_name = "WHICH")]
+    pub events: EventsArg,
 }
 
 #[derive(Debug, Args)]
@@ -367,9 +368,62 @@ pub enum Output {
     Tree,
 }
 
+/// `--mode`, `--namespace-mode`: how drafs runs in a pod (the flag's
+/// spelling of [`Mode`], so that clap stays in `cmd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// `drafs init` as an init container: values written once, no privileges.
+    Init,
+    /// `drafs serve` as a native sidecar with the FUSE backend: live values, privileged.
+    SidecarFuse,
+    /// `drafs serve` as a native sidecar with the files backend: live values, no privileges.
+    SidecarFiles,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(arg: ModeArg) -> Mode {
+        match arg {
+            ModeArg::Init => Mode::Init,
+            ModeArg::SidecarFuse => Mode::SidecarFuse,
+            ModeArg::SidecarFiles => Mode::SidecarFiles,
+        }
+    }
+}
+
+/// `--events`: which Events drafs records (the flag's spelling of [`EventsMode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsArg {
+    #[value(alias = "true")]
+    All,
+    Warnings,
+    #[value(alias = "false")]
+    None,
+}
+
+impl From<EventsArg> for EventsMode {
+    fn from(arg: EventsArg) -> EventsMode {
+        match arg {
+            EventsArg::All => EventsMode::All,
+            EventsArg::Warnings => EventsMode::Warnings,
+            EventsArg::None => EventsMode::None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flag spells a mode as the `drafs.dev/inject` label does.
+    #[test]
+    fn mode_flags_spell_the_label_values() {
+        for arg in ModeArg::value_variants() {
+            let name = arg.to_possible_value().unwrap();
+            assert_eq!(name.get_name(), Mode::from(*arg).label());
+        }
+        assert_eq!(EventsMode::from(EventsArg::from_str("true", false).unwrap()), EventsMode::All);
+        assert_eq!(EventsMode::from(EventsArg::from_str("false", false).unwrap()), EventsMode::None);
+    }
 
     #[test]
     fn flags_parse() {

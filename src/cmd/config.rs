@@ -66,7 +66,7 @@ impl Output {
             metadata_from_drivers: args.metadata_from_drivers.clone(),
             require: args.require.clone(),
             metrics_addr: args.metrics_addr,
-            events: args.events,
+            events: args.events.into(),
         };
         Ok(Output { publishing, termination_log: args.termination_log.clone() })
     }

@@ -19,11 +19,11 @@ pub struct Config {
 
 impl Config {
     pub fn from_args(args: &InjectArgs) -> Result<Self, Failure> {
-        let mut options = inject::Options::new(args.mode, args.image.clone());
+        let mut options = inject::Options::new(args.mode.into(), args.image.clone());
         options.dir = args.dir.clone();
         options.require = args.require.clone();
         options.timeout = args.timeout;
-        if args.ready_when_healthy && args.mode == inject::Mode::Init {
+        if args.ready_when_healthy && inject::Mode::from(args.mode) == inject::Mode::Init {
             return Err(Failure::Usage(
                 "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),
             ));

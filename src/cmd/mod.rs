@@ -227,22 +227,14 @@ fn log_tree_warnings(res: &Resolution, built: &BuiltTree) {
 /// an address `--metrics-addr` gave; credentials and addresses are usage errors.
 fn run_failure(e: RunError, timeout: Duration) -> Failure {
     match e {
-        RunError::Drive(DriveError::Engine(EngineError::Timeout { waiting_for })) => {
-            Failure::Failed(format!("not ready after {}: {}", humanize(timeout), waiting_for.join("; ")))
-        }
+        RunError::Drive(DriveError::Engine(EngineError::Timeout { waiting_for })) => Failure::Failed(format!(
+            "not ready after {}: {}",
+            crate::model::names::duration_text(timeout),
+            waiting_for.join("; ")
+        )),
         RunError::MetricsAddr { addr, source } => Failure::Usage(format!("--metrics-addr {addr}: {source}")),
         e @ RunError::Credentials(_) => usage(e),
         other => Failure::Failed(other.to_string()),
-    }
-}
-
-fn humanize(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        0 => format!("{}ms", d.as_millis()),
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
     }
 }
 

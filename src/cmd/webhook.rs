@@ -16,7 +16,7 @@ pub fn config(args: &WebhookArgs) -> Config {
         metrics_addr: args.metrics_addr,
         drain: args.drain,
         dns_names: args.dns_names.clone(),
-        namespace_mode: args.namespace_mode,
+        namespace_mode: args.namespace_mode.into(),
     }
 }
 

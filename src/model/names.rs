@@ -109,6 +109,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// A duration as the flags write it, in its largest whole unit (`2m`, `90s`,
+/// `1500ms`): [`parse_duration`] reads it back exactly (to the millisecond).
+pub fn duration_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
 fn parse_duration_unbounded(text: &str) -> Result<Duration, String> {
     let too_long = || format!("duration {text:?} is longer than the maximum of 366 days");
     if let Ok(secs) = text.parse::<u64>() {
@@ -143,6 +156,22 @@ fn parse_duration_unbounded(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duration_text_reads_back() {
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(120), "2m"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(5400), "90m"),
+        ] {
+            assert_eq!(duration_text(d), text);
+            assert_eq!(parse_duration(text), Ok(d), "{text}");
+        }
+    }
 
     #[test]
     fn durations() {

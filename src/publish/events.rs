@@ -12,15 +12,11 @@ use tracing::{debug, warn};
 
 use crate::model::PodRef;
 
-use clap::ValueEnum;
-
 /// Which Events drafs records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventsMode {
-    #[value(alias = "true")]
     All,
     Warnings,
-    #[value(alias = "false")]
     None,
 }
 
