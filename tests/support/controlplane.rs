@@ -190,7 +190,25 @@ impl Drop for ControlPlane {
 }
 
 impl ControlPlane {
+    /// Start etcd and kube-apiserver; once more on other ports if one lost
+    /// its port to another process between [`free_port`] and its bind.
     fn start() -> Result<ControlPlane, String> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match ControlPlane::start_once() {
+                Err(e) if e.contains("address already in use") && tries < 3 => {
+                    eprintln!(
+                        "*** the control plane lost a port; starting it again: {}",
+                        e.lines().last().unwrap_or("")
+                    )
+                }
+                started => return started,
+            }
+        }
+    }
+
+    fn start_once() -> Result<ControlPlane, String> {
         sweep_stale_scratch();
         let bin = binaries()?;
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -118,8 +118,26 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// A loopback port free at the time of asking.
+/// A port on 127.0.0.1 that is free now, for a server another process will
+/// bind. Picked below the kernel's ephemeral range (from 32768 here): a port
+/// the kernel hands out (`bind(0)`, and every outgoing connection of the
+/// tests running beside) can be taken again before the server binds it, and
+/// was (a kube-apiserver failed with "address already in use").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (low, span) = (10_000u64, 22_000u64);
+    // Each process of a run starts somewhere else in the span.
+    let seed = u64::from(std::process::id()).wrapping_mul(7919)
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0)
+            as u64;
+    for _ in 0..span {
+        let port = (low + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) * 997)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 between {low} and {}", low + span)
 }
 
 /// One plain HTTP GET: (status, body), or None if no whole answer came.
