@@ -167,7 +167,8 @@ fn a_panic_deciding_a_review_fails_that_review_alone_and_the_webhook_keeps_servi
     let (status, _) = request(hook.addr, &ca, "POST", "/mutate", &large).unwrap();
     assert_eq!(status, 500, "{}", hook.log_text());
     // The process lives and goes on answering, small and large reviews alike.
-    let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &review(json!({"drafs.dev/inject": "init"}))).unwrap();
+    let (status, body) =
+        request(hook.addr, &ca, "POST", "/mutate", &review(json!({"drafs.dev/inject": "init"}))).unwrap();
     assert!(status == 200 && patched(&body), "{status}: {}", hook.log_text());
     let (status, body) = request(hook.addr, &ca, "POST", "/mutate", &pod_review(3000)).unwrap();
     assert!(status == 200 && patched(&body), "{status}: {}", hook.log_text());

@@ -579,10 +579,10 @@ fn decide(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
     // Debug builds only (the tests' binary): a review holding the bytes of
     // DRAFS_TEST_PANIC_ON panics, to show that the panic stays contained.
     #[cfg(debug_assertions)]
-    if let Some(marker) = std::env::var_os("DRAFS_TEST_PANIC_ON").filter(|m| !m.is_empty()) {
-        if body.windows(marker.len()).any(|w| w == marker.as_encoded_bytes()) {
-            panic!("DRAFS_TEST_PANIC_ON matched this review");
-        }
+    if let Some(marker) = std::env::var_os("DRAFS_TEST_PANIC_ON").filter(|m| !m.is_empty())
+        && body.windows(marker.len()).any(|w| w == marker.as_encoded_bytes())
+    {
+        panic!("DRAFS_TEST_PANIC_ON matched this review");
     }
     match admission::review(body, image, opt_in) {
         Ok((answer, verdict)) => {
