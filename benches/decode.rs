@@ -120,9 +120,7 @@ fn main() {
     let claims = time(50, || {
         let page: RawList = serde_json::from_str(black_box(&claims_text)).unwrap();
         for raw in page.items {
-            let (claim, warnings) = slices::decode_claim(raw.get()).unwrap();
-            assert!(warnings.is_empty());
-            black_box(claim);
+            black_box(slices::decode_claim(raw.get()).unwrap());
         }
     });
 
