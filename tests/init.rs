@@ -820,8 +820,10 @@ fn init_never_deletes_what_it_did_not_write() {
     assert_eq!(ours, vec![&data], "{hidden:?}");
 }
 
+/// Data nested deeper than a `serde_json::Value` parses (128 levels) is kept
+/// as the text it is; only its members are bounded.
 #[test]
-fn deeply_nested_device_data_is_skipped_not_fatal() {
+fn deeply_nested_device_data_is_kept_raw_not_fatal() {
     let (api, env, mut claim) = nic_without_status();
     let mut deep = json!(1);
     for _ in 0..140 {
@@ -835,8 +837,10 @@ fn deeply_nested_device_data_is_skipped_not_fatal() {
     assert_ok(&out);
     let tree = read_tree(&dir);
     assert_eq!(tree["net/eth/0/.status/interfaceName"], "eth7");
-    assert!(!tree.contains_key("net/eth/0/.status/data"));
-    assert!(stderr(&out).contains("status data of device net.example.com/n1/nic0 skipped"), "{}", stderr(&out));
+    assert_eq!(tree["net/eth/0/.status/data"], deep.to_string());
+    assert!(!tree.keys().any(|k| k.contains("/.status/data.d/")), "only a deepest leaf, beyond 8 levels");
+    let err = stderr(&out);
+    assert_eq!(err.matches("status data deeper than 8 levels skipped").count(), 1, "{err}");
 }
 
 /// A newcomer's first hour: a pod that uses no claims, and a Deployment given
@@ -993,4 +997,74 @@ fn hostile_driver_data_is_skipped_with_warnings_and_never_leaves_the_tree() {
     ] {
         assert_eq!(err.matches(said).count(), 1, "{said:?} said once:\n{err}");
     }
+}
+
+/// Issue 25: numbers no 64-bit integer or float holds, and escapes, in a
+/// driver's data: the bytes the API server sent, exactly.
+const EXACT: &str = r#"{"big":340282366920938463463374607431768211455,"neg":-18446744073709551617,"f":1.5e400,"small":3,"nested":{"x":12345678901234567890123},"s":"a\u003cb\/c"}"#;
+
+/// The member files of [`EXACT`] under `.status/data.d/`.
+const EXACT_MEMBERS: [(&str, &str); 6] = [
+    ("big", "340282366920938463463374607431768211455"),
+    ("f", "1.5e400"),
+    ("neg", "-18446744073709551617"),
+    ("nested/x", "12345678901234567890123"),
+    ("s", "a<b/c"),
+    ("small", "3"),
+];
+
+fn assert_exact_data(tree: &std::collections::BTreeMap<String, String>, device: &str) {
+    assert_eq!(tree[&format!("{device}/.status/data")], EXACT, "the raw file is the bytes the API server sent");
+    let members: Vec<(&str, &str)> = tree
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(&format!("{device}/.status/data.d/"))?, v.as_str())))
+        .collect();
+    assert_eq!(members, EXACT_MEMBERS);
+    let record = &tree[&format!("{device}/.json")];
+    assert!(record.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{record}");
+    assert!(tree[".json"].contains(&format!(r#""data": {EXACT}"#)), "{}", tree[".json"]);
+}
+
+#[test]
+fn driver_data_keeps_big_numbers_exactly() {
+    let (api, env, mut claim) = nic_without_status();
+    api.send_raw("DRIVER-DATA", EXACT);
+    claim["status"]["devices"] =
+        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "data": "DRIVER-DATA"}]);
+    api.apply(claim);
+    let out = init(&env, &["--timeout", "10s", "--require", "net/eth/0/.status/data.d/big"]);
+    assert_ok(&out);
+    assert!(!stderr(&out).contains("status data"), "nothing skipped: {}", stderr(&out));
+    assert_exact_data(&read_tree(&env.path("dra")), "net/eth/0");
+
+    // `drafs get` shows the digits.
+    let out = env.run(&["get"], LIMIT);
+    assert_ok(&out);
+    let table = stdout(&out);
+    let row = table.lines().find(|l| l.contains(".status/data.d/big")).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(row.split_whitespace().last(), Some("340282366920938463463374607431768211455"), "{table}");
+}
+
+#[test]
+fn driver_data_of_a_json_file_keeps_big_numbers_exactly() {
+    // The objects of nic_without_status with the driver's data, as one JSON List.
+    let mut claim = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
+    claim["status"]["devices"] =
+        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "data": "DRIVER-DATA"}]);
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
+        pod("ml", "p", "n1", &[("net", Ok("c"))], &[]),
+        claim,
+        slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]),
+    ]});
+    let text = serde_json::to_string_pretty(&list).unwrap().replace("\"DRIVER-DATA\"", EXACT);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("objects.json");
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(drafs_bin())
+        .args(["init", "--from-file", file.to_str().unwrap(), "--dir", dir.path().join("dra").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(!stderr(&out).contains("status data"), "nothing skipped: {}", stderr(&out));
+    assert_exact_data(&read_tree(&dir.path().join("dra")), "net/eth/0");
 }

@@ -797,6 +797,14 @@ fn driver_data_follows_live(backend: &str) {
     };
     assert_eq!(members(&serve), vec!["gpu/index", "gpu/uuid", "mdev/uuid", "uuid"]);
 
+    // Through the watch too, the bytes the API server sent (issue 25).
+    let exact =
+        r#"{"uuid":"MIG-0e1d2c3b","gpu":{"index":1,"uuid":"GPU-x"},"big":340282366920938463463374607431768211455}"#;
+    api.send_raw("EXACT-DATA", exact);
+    set_data(Some(json!("EXACT-DATA")));
+    serve.wait_for(&format!("{d}/big"), Some("340282366920938463463374607431768211455"), LIMIT);
+    assert_eq!(serve.read("mig/mig/0/.status/data").as_deref(), Some(exact));
+
     // A whole object goes: so does its directory.
     set_data(Some(json!({"uuid": "MIG-0e1d2c3b"})));
     serve.wait_for(&format!("{d}/gpu/index"), None, LIMIT);

@@ -28,7 +28,7 @@ use kube::core::Request;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::engine::PodRef;
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
@@ -308,13 +308,7 @@ impl ScopeContext {
 
     fn decode(&self, raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<Item>, serde_json::Error> {
         Ok(match self.scope {
-            Scope::Claim(_) => {
-                let (claim, warnings) = slices::decode_claim(raw)?;
-                for w in warnings {
-                    warn!("{w}");
-                }
-                Some(Item::Claim(Box::new(claim)))
-            }
+            Scope::Claim(_) => Some(Item::Claim(Box::new(slices::decode_claim(raw)?))),
             Scope::Pod(_) => Some(Item::Pod(Box::new(serde_json::from_str(raw)?))),
             Scope::NodeSlices(_) | Scope::DriverSlices(_) => {
                 slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s)))

@@ -1,7 +1,7 @@
 //! The model: what drafs knows about a pod's devices, as pure functions of
 //! the objects (no I/O, no clock but what a caller passes in).
 //!
-//! Owns: decoding the API's objects (`objects`, `slices`), resolving a pod's
+//! Owns: decoding the API's objects (`objects`, `slices`; JSON read as text: `json_text`), resolving a pod's
 //! claims to devices (`resolve`), laying them out as a tree of files (`tree`,
 //! `layout`, `names`; a driver's status data as files: `status_data`), the standard KEP-5304 view (`metadata`), the values of
 //! `drafs exec`'s variables (`envvars`), and the small vocabulary the layers
@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod envvars;
 pub mod extended;
 pub mod health;
+pub mod json_text;
 pub mod layout;
 pub mod metadata;
 pub mod names;

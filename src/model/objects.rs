@@ -5,12 +5,16 @@
 //! filled either from the API (see `source`) or from a file (`--from-file`), so the
 //! resolver never knows where its input came from.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::model::{json_text, slices};
 
 /// Errors from reading a `--from-file` input.
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +23,10 @@ pub enum LoadError {
     Read { path: String, source: std::io::Error },
     #[error("{path} is neither valid YAML nor JSON: {message}")]
     Parse { path: String, message: String },
-    #[error("{path}: document {index} ({kind} {name:?}) is malformed: {source}")]
-    Malformed { path: String, index: usize, kind: String, name: String, source: serde_json::Error },
+    #[error("{path} holds lists nested more than {MAX_LIST_DEPTH} deep")]
+    ListsTooDeep { path: String },
+    #[error("{path}: document {index} ({kind} {name:?}) is malformed: {message}")]
+    Malformed { path: String, index: usize, kind: String, name: String, message: String },
     #[error("{path} holds no Pod{hint}")]
     NoPod { path: String, hint: String },
     #[error("{path} holds no Pod named {wanted:?} (it has: {have})")]
@@ -105,39 +111,48 @@ impl Workload {
 
 impl FileObjects {
     /// Parse a YAML or JSON text: one object, several YAML documents, or a `List`
-    /// (`kubectl get -o yaml` prints several objects as `kind: List`).
+    /// (`kubectl get -o yaml` prints several objects as `kind: List`). JSON is
+    /// read as text, so a claim's driver data keeps its bytes
+    /// (`slices::decode_claim`); in YAML a number is what the YAML parser makes
+    /// of it: an integer of at most 64 bits exactly, any other a 64-bit float.
     pub fn parse(path: &str, text: &str) -> Result<Self, LoadError> {
-        let docs: Vec<Value> = match serde_json::from_str::<Value>(text) {
-            Ok(v) => vec![v],
+        let docs: Vec<Cow<RawValue>> = match serde_json::from_str::<&RawValue>(text) {
+            Ok(doc) => vec![Cow::Borrowed(doc)],
             // YAML 1.2 booleans only: a node named `n` or `y` stays a string.
             Err(_) => serde_saphyr::from_multiple_with_options::<Value>(text, {
                 let mut options = serde_saphyr::Options::default();
                 options.strict_booleans = true;
                 options
             })
-            .map_err(|e| LoadError::Parse { path: path.to_string(), message: e.to_string() })?,
+            .map_err(|e| LoadError::Parse { path: path.to_string(), message: e.to_string() })?
+            .iter()
+            .filter_map(|doc| serde_json::value::to_raw_value(doc).ok().map(Cow::Owned))
+            .collect(),
         };
-        let mut flat = Vec::new();
-        for doc in docs {
-            flatten_lists(doc, &mut flat);
-        }
         let mut out = FileObjects::default();
-        for (index, doc) in flat.into_iter().enumerate() {
-            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
-            let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
-            let malformed = |source| LoadError::Malformed {
+        let docs = flatten_lists(docs).ok_or_else(|| LoadError::ListsTooDeep { path: path.to_string() })?;
+        for (index, doc) in docs.into_iter().enumerate() {
+            let kind = json_text::member(&doc, "kind").and_then(json_text::string).unwrap_or_default();
+            let name = json_text::member(&doc, "metadata")
+                .and_then(|m| json_text::member(m, "name"))
+                .and_then(json_text::string)
+                .unwrap_or_default();
+            let malformed = |e: serde_json::Error| LoadError::Malformed {
                 path: path.to_string(),
                 index,
                 kind: kind.clone(),
                 name: name.clone(),
-                source,
+                message: without_position(&e),
             };
             match kind.as_str() {
-                "Pod" => out.pods.push(serde_json::from_value(doc).map_err(malformed)?),
-                "ResourceClaim" => out.claims.push(serde_json::from_value(doc).map_err(malformed)?),
-                "ResourceSlice" => out.slices.push(serde_json::from_value(doc).map_err(malformed)?),
+                "Pod" => out.pods.push(serde_json::from_str(doc.get()).map_err(malformed)?),
+                "ResourceClaim" => out.claims.push(slices::decode_claim(doc.get()).map_err(malformed)?),
+                "ResourceSlice" => out.slices.push(serde_json::from_str(doc.get()).map_err(malformed)?),
                 other => {
-                    out.workloads.extend(Workload::of(other, &doc));
+                    // Only a hint: a workload no Value holds gives none.
+                    if let Ok(doc) = serde_json::from_str::<Value>(doc.get()) {
+                        out.workloads.extend(Workload::of(other, &doc));
+                    }
                     out.ignored.push(if other.is_empty() { "<no kind>".into() } else { other.into() })
                 }
             }
@@ -191,20 +206,51 @@ impl FileObjects {
     }
 }
 
-fn flatten_lists(doc: Value, out: &mut Vec<Value>) {
-    match doc {
-        Value::Null => {}
-        Value::Object(mut map)
-            if map.get("kind").and_then(Value::as_str).is_some_and(|k| k == "List" || k.ends_with("List")) =>
-        {
-            if let Some(Value::Array(items)) = map.remove("items") {
-                for item in items {
-                    flatten_lists(item, out);
-                }
-            }
-        }
-        other => out.push(other),
+/// How deep `List`s may nest in a file (`kubectl` writes one level).
+const MAX_LIST_DEPTH: usize = 32;
+
+/// The documents with every `List` (`kind: List`, `PodList`...) replaced by
+/// its items, in order; `null` documents dropped. `None` when lists nest
+/// deeper than [`MAX_LIST_DEPTH`].
+fn flatten_lists(docs: Vec<Cow<'_, RawValue>>) -> Option<Vec<Cow<'_, RawValue>>> {
+    fn items(doc: &RawValue) -> Option<Vec<&RawValue>> {
+        let kind = json_text::member(doc, "kind").and_then(json_text::string)?;
+        (kind == "List" || kind.ends_with("List")).then_some(())?;
+        // A list without a list of items has no objects.
+        Some(
+            json_text::member(doc, "items")
+                .and_then(|items| serde_json::from_str(items.get()).ok())
+                .unwrap_or_default(),
+        )
     }
+    let mut out = Vec::new();
+    // (document, how many lists hold it), the next on top.
+    let mut stack: Vec<(Cow<RawValue>, usize)> = docs.into_iter().rev().map(|doc| (doc, 0)).collect();
+    while let Some((doc, depth)) = stack.pop() {
+        if json_text::Kind::of(&doc) == json_text::Kind::Null {
+            continue;
+        }
+        let items = match &doc {
+            Cow::Borrowed(doc) => items(doc).map(|items| items.into_iter().map(Cow::Borrowed).collect::<Vec<_>>()),
+            Cow::Owned(doc) => {
+                items(doc).map(|items| items.into_iter().map(|item| Cow::Owned(item.to_owned())).collect())
+            }
+        };
+        match items {
+            Some(_) if depth == MAX_LIST_DEPTH => return None,
+            Some(items) => stack.extend(items.into_iter().rev().map(|item| (item, depth + 1))),
+            None => out.push(doc),
+        }
+    }
+    Some(out)
+}
+
+/// A decoding error without its place: that is in the document's JSON text,
+/// which for a YAML file is drafs's, not the file's.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let place = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&place).map(str::to_string).unwrap_or(text)
 }
 
 #[cfg(test)]
@@ -273,5 +319,85 @@ metadata: {name: x}
         assert!(err.contains("kubectl get pod -n ml -l app=nightly -o yaml"), "{err}");
         let none = FileObjects::parse("g.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n").unwrap();
         assert_eq!(none.into_snapshot("g.yaml", None).unwrap_err().to_string(), "g.yaml holds no Pod");
+    }
+
+    /// Issue 25: a JSON file is read as text, so a claim's driver data keeps
+    /// the bytes the file has, numbers no `Value` holds included.
+    #[test]
+    fn a_json_file_keeps_a_claims_driver_data_exactly() {
+        let data = r#"{"big":340282366920938463463374607431768211455,"f":1.5e400,"s":"\u003c"}"#;
+        let claim = format!(
+            r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {{"name": "c"}},
+                "status": {{"devices": [{{"driver": "d", "pool": "p", "device": "x", "data": {data}}}]}}}}"#
+        );
+        // In a List in a List, beside a null and an object no Value holds.
+        let text = format!(
+            r#"{{"kind": "List", "items": [{{"kind": "ResourceClaimList", "items": [{claim}]}}, null,
+                {{"kind": "ConfigMap", "metadata": {{"name": "m"}}, "data": {{"n": 1e999}}}}]}}"#
+        );
+        let objects = FileObjects::parse("f.json", &text).unwrap();
+        assert_eq!(objects.ignored, vec!["ConfigMap".to_string()]);
+        let devices = objects.claims[0].status.as_ref().unwrap().devices.as_ref().unwrap();
+        assert_eq!(crate::model::status_data::carried(devices[0].data.as_ref().unwrap()).get(), data);
+    }
+
+    /// The limit of YAML: its parser makes a number an integer of at most 64
+    /// bits or a 64-bit float, so a bigger integer is rounded and one beyond
+    /// a float's range is an error that names it.
+    #[test]
+    fn a_yaml_file_has_its_numbers_as_the_yaml_parser_reads_them() {
+        let claim = |data: &str| {
+            format!(
+                "kind: ResourceClaim\nmetadata: {{name: c}}\nstatus: {{devices: [{{driver: d, pool: p, device: x, data: {data}}}]}}\n"
+            )
+        };
+        let carried = |text: &str| {
+            let objects = FileObjects::parse("f.yaml", text).unwrap();
+            let devices = objects.claims[0].status.clone().unwrap().devices.unwrap();
+            crate::model::status_data::carried(devices[0].data.as_ref().unwrap()).get().to_string()
+        };
+        assert_eq!(
+            carried(&claim(
+                "{u: 18446744073709551615, i: -9223372036854775808, s: '340282366920938463463374607431768211455'}"
+            )),
+            r#"{"u":18446744073709551615,"i":-9223372036854775808,"s":"340282366920938463463374607431768211455"}"#
+        );
+        assert_eq!(
+            carried(&claim("{big: 340282366920938463463374607431768211455}")),
+            r#"{"big":3.402823669209385e+38}"#
+        );
+        let err = FileObjects::parse("f.yaml", &claim("{f: 1.5e400}")).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml is neither valid YAML nor JSON") && err.contains("1.5e400"), "{err}");
+    }
+
+    #[test]
+    fn lists_nest_a_bounded_depth_without_recursion() {
+        let nested = |depth: usize| {
+            format!(
+                r#"{}{{"kind": "Pod", "metadata": {{"name": "p"}}}}{}"#,
+                r#"{"kind":"List","items":["#.repeat(depth),
+                "]}".repeat(depth)
+            )
+        };
+        let objects = FileObjects::parse("f.json", &nested(MAX_LIST_DEPTH)).unwrap();
+        assert_eq!(objects.pods.len(), 1);
+        for depth in [MAX_LIST_DEPTH + 1, 100_000] {
+            let err = FileObjects::parse("f.json", &nested(depth)).unwrap_err().to_string();
+            assert_eq!(err, "f.json holds lists nested more than 32 deep");
+        }
+    }
+
+    #[test]
+    fn a_malformed_object_is_named_without_a_place_in_drafs_s_json() {
+        for (path, text) in [
+            ("f.yaml", "kind: Pod\nmetadata: {name: p}\nspec: {containers: 5}\n"),
+            ("f.json", r#"{"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": 5}}"#),
+        ] {
+            let err = FileObjects::parse(path, text).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("{path}: document 0 (Pod \"p\") is malformed: invalid type: integer `5`, expected a sequence")
+            );
+        }
     }
 }

@@ -13,13 +13,12 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::model::extended::{self, ExtendedClaim};
 use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
-use crate::model::status_data;
+use crate::model::status_data::{self, RawData};
 
 /// Which pod claims to resolve; empty means all of them.
 #[derive(Debug, Clone, Default)]
@@ -108,8 +107,9 @@ pub struct DeviceStatus {
     pub ips: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hardware_address: Option<String>,
+    /// The driver's `data`, the JSON text the API server sent.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
+    pub data: Option<RawData>,
     /// The members of `data` as files under `.status/data.d/` (path, content);
     /// not in `.json`, which has `data` itself.
     #[serde(skip)]
@@ -726,7 +726,7 @@ fn resolve_device(
         })
         .map(|s| {
             let net = s.network_data.as_ref();
-            let data = s.data.as_ref().map(|d| d.0.clone());
+            let data = s.data.as_ref().map(status_data::carried);
             let members = data.as_ref().map(status_data::members).unwrap_or_default();
             out.warnings.extend(members.warnings.into_iter().map(|w| format!("{context}: {w}")));
             DeviceStatus {
@@ -894,7 +894,7 @@ status:
         let status = nic.devices[0].status.as_ref().unwrap();
         assert_eq!(status.interface_name.as_deref(), Some("net1"));
         assert_eq!(status.ips, vec!["10.0.0.1/24", "fd00::1/64"]);
-        assert_eq!(status.data, Some(serde_json::json!({"vf": 3})));
+        assert_eq!(status.data.as_ref().map(RawData::get), Some(r#"{"vf":3}"#));
     }
 
     #[test]

@@ -17,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::model::status_data;
+
 /// The devices the pod's claims are allocated, as (driver, pool, device).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceFilter {
@@ -257,35 +259,43 @@ mod tests {
     }
 }
 
-/// A ResourceClaim whose `status.devices[].data` is left unparsed, so that a
-/// driver's deeply nested or otherwise undecodable data cannot make the whole
-/// claim (and the pod's readiness) undecodable.
+/// A ResourceClaim as the API sends it, each device's `status.devices[].data`
+/// left as the text it is: a `serde_json::Value` would round a number beyond
+/// 64 bits, rewrite a string's escapes, and refuse data nested deeper than 128
+/// levels or a number beyond f64, which would cost the whole claim.
 #[derive(Deserialize)]
-struct SalvagedClaim<'a> {
+struct RawClaim<'a> {
+    #[serde(default, rename = "apiVersion")]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
     #[serde(default)]
     metadata: ObjectMeta,
     #[serde(default)]
     spec: Option<k8s_openapi::api::resource::v1::ResourceClaimSpec>,
     #[serde(default, borrow)]
-    status: Option<SalvagedStatus<'a>>,
+    status: Option<RawClaimStatus<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SalvagedStatus<'a> {
+struct RawClaimStatus<'a> {
     #[serde(default)]
     allocation: Option<k8s_openapi::api::resource::v1::AllocationResult>,
     #[serde(default)]
     reserved_for: Option<Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>>,
     #[serde(default, borrow)]
-    devices: Option<Vec<SalvagedDeviceStatus<'a>>>,
+    devices: Option<Vec<RawDeviceStatus<'a>>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SalvagedDeviceStatus<'a> {
+struct RawDeviceStatus<'a> {
+    #[serde(default)]
     driver: String,
+    #[serde(default)]
     pool: String,
+    #[serde(default)]
     device: String,
     #[serde(default, rename = "shareID")]
     share_id: Option<String>,
@@ -297,55 +307,38 @@ struct SalvagedDeviceStatus<'a> {
     data: Option<&'a RawValue>,
 }
 
-/// Decode a ResourceClaim; a device's `data` that cannot be decoded is dropped
-/// with a warning (returned), the rest of the claim is kept.
-pub fn decode_claim(
-    raw: &str,
-) -> Result<(k8s_openapi::api::resource::v1::ResourceClaim, Vec<String>), serde_json::Error> {
+/// Decode a ResourceClaim from its JSON text. Each device's `data` is carried
+/// as the exact text it was (`status_data::carry`), whatever it holds.
+pub fn decode_claim(raw: &str) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, serde_json::Error> {
+    use k8s_openapi::Resource;
     use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim, ResourceClaimStatus};
-    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-    let first_error = match serde_json::from_str::<ResourceClaim>(raw) {
-        Ok(claim) => return Ok((claim, Vec::new())),
-        Err(e) => e,
-    };
-    let Ok(salvaged) = serde_json::from_str::<SalvagedClaim>(raw) else { return Err(first_error) };
-    let name = salvaged.metadata.name.clone().unwrap_or_default();
-    let mut warnings = Vec::new();
-    let status = salvaged.status.map(|s| ResourceClaimStatus {
+    use serde::de::{Error, Unexpected};
+    let claim: RawClaim = serde_json::from_str(raw)?;
+    // As k8s-openapi decodes one: another kind or version is an error, none is fine (a list's items have none).
+    for (given, wanted) in [(&claim.api_version, ResourceClaim::API_VERSION), (&claim.kind, ResourceClaim::KIND)] {
+        if let Some(given) = given.as_deref().filter(|given| *given != wanted) {
+            return Err(serde_json::Error::invalid_value(Unexpected::Str(given), &wanted));
+        }
+    }
+    let status = claim.status.map(|s| ResourceClaimStatus {
         allocation: s.allocation,
         reserved_for: s.reserved_for,
         devices: s.devices.map(|devices| {
             devices
                 .into_iter()
-                .map(|d| {
-                    let data = d.data.and_then(|raw| match serde_json::from_str(raw.get()) {
-                        Ok(value) => Some(RawExtension(value)),
-                        Err(e) => {
-                            warnings.push(format!(
-                                "ResourceClaim {name}: status data of device {}/{}/{} skipped: {e}",
-                                d.driver, d.pool, d.device
-                            ));
-                            None
-                        }
-                    });
-                    AllocatedDeviceStatus {
-                        driver: d.driver,
-                        pool: d.pool,
-                        device: d.device,
-                        share_id: d.share_id,
-                        conditions: d.conditions,
-                        network_data: d.network_data,
-                        data,
-                    }
+                .map(|d| AllocatedDeviceStatus {
+                    driver: d.driver,
+                    pool: d.pool,
+                    device: d.device,
+                    share_id: d.share_id,
+                    conditions: d.conditions,
+                    network_data: d.network_data,
+                    data: d.data.map(status_data::carry),
                 })
                 .collect()
         }),
     });
-    if warnings.is_empty() {
-        // The trouble was elsewhere: report the original error.
-        return Err(first_error);
-    }
-    Ok((ResourceClaim { metadata: salvaged.metadata, spec: salvaged.spec, status }, warnings))
+    Ok(ResourceClaim { metadata: claim.metadata, spec: claim.spec, status })
 }
 
 #[cfg(test)]
@@ -353,34 +346,78 @@ mod claim_tests {
     use super::*;
     use serde_json::json;
 
+    fn claim_with_data(data: &str) -> String {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "9", "generation": 2},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "d", "count": 1}}]}},
+            "status": {
+                "allocation": {"devices": {"results": [{"request": "r", "driver": "d.example.com", "pool": "p", "device": "x",
+                    "shareID": "s1", "consumedCapacity": {"memory": "1Gi"}}],
+                    "config": [{"source": "FromClaim", "opaque": {"driver": "d.example.com", "parameters": {"a": [1, {"b": null}]}}}]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+                "devices": [{"driver": "d.example.com", "pool": "p", "device": "x", "shareID": "s1",
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z", "reason": "R", "message": ""}],
+                    "networkData": {"interfaceName": "net1", "ips": ["10.0.0.1/24"], "hardwareAddress": "aa:bb"}, "data": "DATA"},
+                    {"driver": "d.example.com", "pool": "p", "device": "y"}]}})
+        .to_string()
+        .replace("\"DATA\"", data)
+    }
+
     #[test]
-    fn deeply_nested_device_data_costs_only_that_value() {
+    fn a_claim_decodes_as_k8s_openapi_decodes_it_but_the_data() {
+        use k8s_openapi::api::resource::v1::ResourceClaim;
+        let text = claim_with_data(r#"{"vf":3,"ids":[1,2.5],"s":"x"}"#);
+        let mut decoded = decode_claim(&text).unwrap();
+        let mut upstream: ResourceClaim = serde_json::from_str(&text).unwrap();
+        let device =
+            |c: &mut ResourceClaim| c.status.as_mut().unwrap().devices.as_mut().unwrap()[0].data.take().unwrap();
+        let (carried, value) = (device(&mut decoded), device(&mut upstream));
+        assert_eq!(status_data::carried(&carried).get(), value.0.to_string());
+        assert_eq!(decoded, upstream, "everything else is the same");
+        // No status, a list's item (no apiVersion, no kind), null data: the same too.
+        for text in [
+            r#"{"metadata": {"name": "c"}, "spec": {}}"#,
+            r#"{"metadata": {"name": "c"}, "status": {"devices": [{"driver": "d", "pool": "p", "device": "x", "data": null}]}}"#,
+            r#"{"metadata": {"name": "c"}, "status": {"devices": null, "allocation": null}}"#,
+        ] {
+            assert_eq!(decode_claim(text).unwrap(), serde_json::from_str::<ResourceClaim>(text).unwrap(), "{text}");
+        }
+        // What k8s-openapi refuses, decode_claim refuses.
+        for text in [
+            r#"{"kind": "ResourceSlice"}"#,
+            r#"{"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim"}"#,
+            r#"{"metadata": 5}"#,
+            r#"{"status": {"devices": [{"driver": "d", "pool": "p", "device": "x", "conditions": 7}]}}"#,
+            "{",
+        ] {
+            assert!(decode_claim(text).is_err(), "{text}");
+            assert!(serde_json::from_str::<ResourceClaim>(text).is_err(), "{text}");
+        }
+    }
+
+    /// Issue 25: the data is carried as the text the API server sent, numbers
+    /// no Value holds and depths it refuses included, and costs nothing else.
+    #[test]
+    fn device_data_is_carried_as_the_text_sent() {
         let mut deep = String::from("1");
         for _ in 0..140 {
             deep = format!("{{\"a\":{deep}}}");
         }
-        let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns"},
-            "spec": {},
-            "status": {
-                "allocation": {"devices": {"results": [{"request": "r", "driver": "d.example.com", "pool": "p", "device": "x"}]}},
-                "devices": [{"driver": "d.example.com", "pool": "p", "device": "x",
-                    "networkData": {"interfaceName": "net1"}, "data": "DEEP"}]}})
-        .to_string()
-        .replace("\"DEEP\"", &deep);
-        assert!(
-            serde_json::from_str::<k8s_openapi::api::resource::v1::ResourceClaim>(&claim).is_err(),
-            "too deep for serde"
-        );
-        let (decoded, warnings) = decode_claim(&claim).unwrap();
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("d.example.com/p/x"), "{warnings:?}");
-        let status = decoded.status.unwrap();
-        let device = &status.devices.unwrap()[0];
-        assert!(device.data.is_none());
-        assert_eq!(device.network_data.as_ref().unwrap().interface_name.as_deref(), Some("net1"));
-        assert_eq!(status.allocation.unwrap().devices.unwrap().results.unwrap()[0].device, "x");
-        // Anything else wrong is still an error.
-        assert!(decode_claim("{\"metadata\": 5}").is_err());
+        let exact = r#"{"big":340282366920938463463374607431768211455,"neg":-18446744073709551617,"f":1.5e400,"small":3,"nested":{"x":12345678901234567890123},"s":"a\u003cb\/c"}"#;
+        for data in [exact, deep.as_str()] {
+            let text = claim_with_data(data);
+            assert!(
+                serde_json::from_str::<k8s_openapi::api::resource::v1::ResourceClaim>(&text).is_err(),
+                "more than a Value holds"
+            );
+            let decoded = decode_claim(&text).unwrap();
+            let status = decoded.status.unwrap();
+            let devices = status.devices.unwrap();
+            assert_eq!(status_data::carried(devices[0].data.as_ref().unwrap()).get(), data);
+            assert!(devices[1].data.is_none());
+            assert_eq!(devices[0].network_data.as_ref().unwrap().interface_name.as_deref(), Some("net1"));
+            assert_eq!(status.allocation.unwrap().devices.unwrap().results.unwrap()[0].device, "x");
+        }
     }
 }

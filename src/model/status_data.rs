@@ -9,9 +9,19 @@
 //! names, and the depth and the number of files are bounded, so a hostile
 //! driver cannot grow the tree without limit; what is left out is said in a
 //! warning (the raw file still has it).
+//!
+//! The data is kept as the JSON text the API server sent ([`RawData`]), never
+//! as a `serde_json::Value`, which has no room for a number beyond 64 bits (it
+//! would round `340282366920938463463374607431768211455` to
+//! `3.402823669209385e+38`) and rewrites a string's escapes: the raw file is
+//! those bytes, and a number's file its digits as the driver wrote them.
 
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde::{Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
+use crate::model::json_text::{self, Kind, is_empty_object};
 use crate::model::names::{is_data_key, quoted};
 
 /// The deepest member path, in components under `data.d/` (`mig/uuid` is 2).
@@ -20,6 +30,101 @@ pub const MAX_DEPTH: usize = 8;
 pub const MAX_FILES: usize = 1024;
 /// Skipped members named one by one; the rest are counted in one warning.
 const MAX_NAMED: usize = 8;
+
+/// A device's data: valid JSON text, the bytes the API server sent (a file's
+/// indentation removed: whitespace between tokens only, never in a string).
+#[derive(Debug, Clone)]
+pub struct RawData(Box<RawValue>);
+
+impl RawData {
+    /// The data `raw`, compact.
+    pub fn new(raw: &RawValue) -> RawData {
+        match compact(raw.get()).map(RawValue::from_string) {
+            Some(Ok(compacted)) => RawData(compacted),
+            // Removing whitespace between the tokens of valid JSON leaves valid JSON;
+            // should it ever not, the text stays as it came.
+            _ => RawData(raw.to_owned()),
+        }
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawData {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Serialize for RawData {
+    /// The text itself, byte for byte (in `.json` too).
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// `text` without the whitespace between its tokens, or `None` when it has none
+/// (the API server's answers never do).
+fn compact(text: &str) -> Option<String> {
+    let (mut in_string, mut escaped) = (false, false);
+    let mut out: Option<Vec<u8>> = None;
+    for (at, &byte) in text.as_bytes().iter().enumerate() {
+        let keep = if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            true
+        } else {
+            in_string = byte == b'"';
+            !matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+        };
+        match (&mut out, keep) {
+            (Some(out), true) => out.push(byte),
+            (None, false) => out = Some(text.as_bytes()[..at].to_vec()),
+            _ => {}
+        }
+    }
+    // Only ASCII bytes were removed, so the rest is still UTF-8.
+    out.and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// The one member of the object in which a claim carries a device's data from
+/// its decoder to the resolver (see [`carry`]); no JSON a driver or the API
+/// server writes is read as one, since every decoder wraps the data it finds.
+const CARRIED: &str = "\u{0}drafs: the JSON text of status.devices[].data";
+
+/// A device's data as a decoded claim carries it to the resolver.
+/// k8s-openapi holds `status.devices[].data` as a `serde_json::Value`; the
+/// decoders (`slices::decode_claim`, `objects::FileObjects`) put the data's
+/// text there instead, as the string member of a one-member object named
+/// [`CARRIED`], and [`carried`] takes it out again.
+pub fn carry(raw: &RawValue) -> RawExtension {
+    let text = RawData::new(raw).get().to_string();
+    RawExtension(Value::Object(serde_json::Map::from_iter([(CARRIED.to_string(), Value::String(text))])))
+}
+
+/// The data a claim carries: the text a decoder put there, or for a claim
+/// made otherwise (a test's) its value as JSON.
+pub fn carried(data: &RawExtension) -> RawData {
+    if let Value::Object(map) = &data.0
+        && map.len() == 1
+        && let Some(Value::String(text)) = map.get(CARRIED)
+        && let Ok(raw) = RawValue::from_string(text.clone())
+    {
+        return RawData(raw);
+    }
+    match serde_json::value::to_raw_value(&data.0) {
+        Ok(raw) => RawData::new(&raw),
+        // A Value always serializes; should it ever not, no data.
+        Err(_) => RawData(RawValue::NULL.to_owned()),
+    }
+}
 
 /// One device's data as files: (path under `data.d/`, content), in the data's
 /// order, and what was left out.
@@ -31,17 +136,27 @@ pub struct Members {
 
 /// The member files of `data`. Data that is not a JSON object has none (the
 /// API server accepts only objects, so that can only come from a file).
-pub fn members(data: &Value) -> Members {
+pub fn members(data: &RawData) -> Members {
     let mut walk = Walk::default();
-    match data {
-        Value::Object(_) => walk.object(data, "", 1),
+    match Kind::of(&data.0) {
+        Kind::Object => walk.object(&data.0, "", 1),
         other => walk.out.warnings.push(format!(
             "status data is a JSON {}, not an object (the API server accepts only objects): only the raw \
              .status/data has it",
-            kind(other)
+            other.name()
         )),
     }
     walk.finish()
+}
+
+/// A scalar as file text: a string unescaped, a number's digits as written,
+/// `true`/`false`; `None` for null, a list or an object.
+fn scalar(raw: &RawValue) -> Option<Result<String, serde_json::Error>> {
+    match Kind::of(raw) {
+        Kind::String => Some(serde_json::from_str(raw.get())),
+        Kind::Number | Kind::Boolean => Some(Ok(raw.get().trim().to_string())),
+        Kind::Null | Kind::List | Kind::Object => None,
+    }
 }
 
 #[derive(Default)]
@@ -57,35 +172,55 @@ struct Walk {
 }
 
 impl Walk {
-    /// The members of the object at `prefix` (`""` for the top), whose members are `depth` deep.
-    fn object(&mut self, value: &Value, prefix: &str, depth: usize) {
-        let Value::Object(map) = value else { return };
-        if depth > MAX_DEPTH && !map.is_empty() {
-            let first = self.too_deep.get_or_insert_with(|| (prefix.to_string(), 0));
-            first.1 += 1;
+    /// The members of the object `raw` at `prefix` (`""` for the top), whose members are `depth` deep.
+    fn object(&mut self, raw: &RawValue, prefix: &str, depth: usize) {
+        if depth > MAX_DEPTH {
+            if !is_empty_object(raw) {
+                self.too_deep.get_or_insert_with(|| (prefix.to_string(), 0)).1 += 1;
+            }
             return;
         }
-        for (key, member) in map {
-            if !is_data_key(key) {
+        let members = match json_text::members(raw) {
+            Ok(members) => members,
+            Err(e) => {
+                let what = if prefix.is_empty() { String::new() } else { format!(" member {prefix:?}") };
+                return self.skip(format!("status data{what} skipped: {e}"));
+            }
+        };
+        for (key, member) in members {
+            if !is_data_key(&key) {
                 let parent = if prefix.is_empty() { String::new() } else { format!(" (in {prefix:?})") };
                 self.skip(format!(
                     "status data key {}{parent} skipped: not a safe file name (1 to 64 of A-Z a-z 0-9 _ . -, not \
                      starting with . or -)",
-                    quoted(key)
+                    quoted(&key)
                 ));
                 continue;
             }
-            let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}/{key}") };
-            match member {
-                Value::Null => {}
-                Value::Object(_) => self.object(member, &path, depth + 1),
-                Value::Array(items) => match items.iter().map(scalar).collect::<Option<Vec<String>>>() {
-                    Some(texts) => self.file(path, texts.join(",")),
-                    None => self
-                        .skip(format!("status data member {path:?} skipped: a list holding objects, lists or nulls")),
+            let path = if prefix.is_empty() { key } else { format!("{prefix}/{key}") };
+            match Kind::of(member) {
+                Kind::Null => {}
+                Kind::Object => self.object(member, &path, depth + 1),
+                Kind::List => self.list(member, path),
+                _ => match scalar(member) {
+                    Some(Ok(text)) => self.file(path, text),
+                    Some(Err(e)) => self.skip(format!("status data member {path:?} skipped: {e}")),
+                    None => {}
                 },
-                scalar_value => self.file(path, scalar(scalar_value).unwrap_or_default()),
             }
+        }
+    }
+
+    /// A list of scalars, joined with `,`.
+    fn list(&mut self, raw: &RawValue, path: String) {
+        let items: Vec<&RawValue> = match serde_json::from_str(raw.get()) {
+            Ok(items) => items,
+            Err(e) => return self.skip(format!("status data member {path:?} skipped: {e}")),
+        };
+        match items.into_iter().map(scalar).collect::<Option<Result<Vec<String>, _>>>() {
+            Some(Ok(texts)) => self.file(path, texts.join(",")),
+            Some(Err(e)) => self.skip(format!("status data member {path:?} skipped: {e}")),
+            None => self.skip(format!("status data member {path:?} skipped: a list holding objects, lists or nulls")),
         }
     }
 
@@ -127,31 +262,20 @@ impl Walk {
     }
 }
 
-/// A scalar as file text: strings verbatim, numbers as JSON writes them, `true`/`false`.
-fn scalar(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        Value::Null | Value::Array(_) | Value::Object(_) => None,
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "list",
-        Value::Object(_) => "object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A value's data, as a decoder hands it on.
+    fn raw(value: &Value) -> RawData {
+        RawData::new(&serde_json::value::to_raw_value(value).unwrap())
+    }
+
+    /// The data of the JSON text `text`, as the API server sent it.
+    fn text(text: &str) -> RawData {
+        RawData::new(&RawValue::from_string(text.to_string()).unwrap())
+    }
 
     fn files(m: &Members) -> Vec<(&str, &str)> {
         m.files.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect()
@@ -174,7 +298,7 @@ mod tests {
             "emptyObject": {},
             "text": "with spaces, commas\nand a newline"
         });
-        let m = members(&data);
+        let m = members(&raw(&data));
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
         assert_eq!(
             files(&m),
@@ -200,12 +324,12 @@ mod tests {
     #[test]
     fn data_that_is_not_an_object_has_no_members() {
         for data in [json!("MIG-1"), json!(7), json!(["a", "b"]), json!(true), json!(null)] {
-            let m = members(&data);
+            let m = members(&raw(&data));
             assert!(m.files.is_empty(), "{data}: {:?}", m.files);
             assert_eq!(m.warnings.len(), 1, "{data}: {:?}", m.warnings);
             assert!(m.warnings[0].contains("not an object"), "{:?}", m.warnings);
         }
-        assert_eq!(members(&json!({})), Members::default());
+        assert_eq!(members(&raw(&json!({}))), Members::default());
     }
 
     #[test]
@@ -216,7 +340,7 @@ mod tests {
             long.clone(): 8, "ok": "yes",
             "dir": {"..": {"x": 1}, "fine": "f"}
         });
-        let m = members(&data);
+        let m = members(&raw(&data));
         assert_eq!(files(&m), vec![("ok", "yes"), ("dir/fine", "f")]);
         let all = m.warnings.join("\n");
         for key in ["\"../x\"", "\"a/b\"", "\".ready\"", "\"\"", "\"ünï\"", "\"nul\\0\"", "\"..\" (in \"dir\")"] {
@@ -231,7 +355,7 @@ mod tests {
     #[test]
     fn skipped_members_beyond_eight_are_counted_not_named() {
         let data: serde_json::Map<String, Value> = (0..20).map(|i| (format!(".bad{i}"), json!(i))).collect();
-        let m = members(&Value::Object(data));
+        let m = members(&raw(&Value::Object(data)));
         assert!(m.files.is_empty());
         assert_eq!(m.warnings.len(), MAX_NAMED + 1, "{:?}", m.warnings);
         assert!(m.warnings[MAX_NAMED - 1].contains("\".bad7\""), "{:?}", m.warnings);
@@ -241,7 +365,7 @@ mod tests {
     #[test]
     fn lists_of_objects_lists_or_nulls_are_skipped_by_name() {
         let data = json!({"vfs": [{"pci": "0000:3b:00.1"}], "grid": [[1]], "holes": [1, null], "gpu": {"links": [{}]}});
-        let m = members(&data);
+        let m = members(&raw(&data));
         assert!(m.files.is_empty(), "{:?}", m.files);
         let all = m.warnings.join("\n");
         for path in ["\"vfs\"", "\"grid\"", "\"holes\"", "\"gpu/links\""] {
@@ -256,7 +380,7 @@ mod tests {
         for level in (1..=8).rev() {
             deep = json!({ format!("l{level}"): deep, format!("v{level}"): level });
         }
-        let m = members(&deep);
+        let m = members(&raw(&deep));
         let paths: Vec<&str> = m.files.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(paths.len(), 8, "{paths:?}");
         assert!(paths.contains(&"l1/l2/l3/l4/l5/l6/l7/v8"), "{paths:?}");
@@ -272,10 +396,123 @@ mod tests {
         for i in 0..MAX_FILES + 500 {
             data.insert(format!("k{i:05}"), json!(i));
         }
-        let m = members(&Value::Object(data));
+        let m = members(&raw(&Value::Object(data)));
         assert_eq!(m.files.len(), MAX_FILES);
         assert_eq!(m.files.last().unwrap(), &(format!("k{:05}", MAX_FILES - 1), (MAX_FILES - 1).to_string()));
         assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
         assert!(m.warnings[0].contains("500 skipped, the first \"k01024\""), "{:?}", m.warnings);
+    }
+
+    /// Issue 25: numbers beyond 64 bits (and beyond f64) keep every digit, in
+    /// the raw text and in the files.
+    #[test]
+    fn numbers_keep_the_drivers_digits() {
+        let sent = r#"{"big":340282366920938463463374607431768211455,"neg":-18446744073709551617,"f":1.5e400,"small":3,"nested":{"x":12345678901234567890123},"ids":[18446744073709551616,-1,1.50,1E3,-0],"ratio":0.5}"#;
+        let data = text(sent);
+        assert_eq!(data.get(), sent, "the raw text is the bytes sent");
+        let m = members(&data);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(
+            files(&m),
+            vec![
+                ("big", "340282366920938463463374607431768211455"),
+                ("neg", "-18446744073709551617"),
+                ("f", "1.5e400"),
+                ("small", "3"),
+                ("nested/x", "12345678901234567890123"),
+                ("ids", "18446744073709551616,-1,1.50,1E3,-0"),
+                ("ratio", "0.5"),
+            ]
+        );
+        // Serialized (the device's .json), the same bytes.
+        assert_eq!(serde_json::to_string(&data).unwrap(), sent);
+    }
+
+    #[test]
+    fn the_raw_text_is_compact_and_keeps_every_token() {
+        // An indented file: whitespace between tokens goes, a string's stays with its escapes.
+        let indented = "{\n  \"s\" : \"a b\\t\\u003c\\/ \\\\\\\" {}\" ,\r\n\t\"n\": [ 1 ,\n 2.50 ] ,\"e\" : { } }";
+        let data = text(indented);
+        assert_eq!(data.get(), r#"{"s":"a b\t\u003c\/ \\\" {}","n":[1,2.50],"e":{}}"#);
+        assert_eq!(files(&members(&data)), vec![("s", "a b\t</ \\\" {}"), ("n", "1,2.50")]);
+        // Compact text is kept as it is.
+        assert_eq!(compact(r#"{"a":"b c","d":[1,2]}"#), None);
+        assert_eq!(compact(" 1 ").as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_key_given_twice_keeps_its_first_place_and_last_value() {
+        let m = members(&text(r#"{"a":1,"b":2,"a":{"x":3},"c":4,"b":5}"#));
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(files(&m), vec![("a/x", "3"), ("b", "5"), ("c", "4")]);
+    }
+
+    #[test]
+    fn text_no_string_holds_is_skipped_with_a_warning_not_a_panic() {
+        // A lone surrogate escape is valid JSON text but no Rust string.
+        let data = text(r#"{"ok":"yes","bad":"\ud800","list":["a","\udc00"],"in":{"\ud800":1,"x":2},"after":1}"#);
+        let m = members(&data);
+        assert_eq!(files(&m), vec![("ok", "yes"), ("after", "1")]);
+        let all = m.warnings.join("\n");
+        assert_eq!(m.warnings.len(), 3, "{all}");
+        for what in ["member \"bad\" skipped", "member \"list\" skipped", "member \"in\" skipped"] {
+            assert!(all.contains(what), "{what}:\n{all}");
+        }
+        assert!(m.warnings.iter().all(|w| w.contains("the raw .status/data has it")), "{all}");
+        // A key the whole object cannot read: that object is skipped, the raw file keeps it.
+        let m = members(&text(r#"{"\udfff":1}"#));
+        assert!(m.files.is_empty());
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].starts_with("status data skipped: "), "{:?}", m.warnings);
+    }
+
+    #[test]
+    fn data_of_any_depth_is_kept_and_walked_only_eight_levels_deep() {
+        // Far deeper than serde_json parses into a Value (128): the text is still valid and kept.
+        let deep = format!("{}{}{}", r#"{"a":"#.repeat(20_000), r#"{"v":1}"#, "}".repeat(20_000));
+        let data = text(&format!(r#"{{"top":1,"deep":{deep}}}"#));
+        assert!(data.get().len() > 100_000);
+        let m = members(&data);
+        assert_eq!(files(&m), vec![("top", "1")]);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].contains("deeper than 8 levels skipped (1 objects"), "{:?}", m.warnings);
+    }
+
+    #[test]
+    fn odd_but_valid_data_never_panics() {
+        for sent in [
+            "{}",
+            "[]",
+            "null",
+            "0",
+            "-0.0e-0",
+            "\"\"",
+            "true",
+            r#"{"":1}"#,
+            r#"{"a":[]}"#,
+            r#"{"a":[[]]}"#,
+            r#"{"a":{}}"#,
+            r#"{"a":[{}]}"#,
+            r#"{"a":[null]}"#,
+            r#"{"a":null}"#,
+            r#"{"a":"\u0000"}"#,
+        ] {
+            let m = members(&text(sent));
+            assert!(m.files.len() <= 1, "{sent}: {m:?}");
+        }
+    }
+
+    #[test]
+    fn a_claim_carries_the_text_to_the_resolver() {
+        let sent = r#"{"big":340282366920938463463374607431768211455,"s":"\u003c"}"#;
+        let carrier = carry(&RawValue::from_string(sent.to_string()).unwrap());
+        assert_eq!(carried(&carrier).get(), sent);
+        // Data a driver shaped like a carrier is carried like any other.
+        let forged = r#"{"\u0000drafs: the JSON text of status.devices[].data":"{\"x\":1}"}"#.to_string();
+        let twice = carry(&RawValue::from_string(forged.clone()).unwrap());
+        assert_eq!(carried(&twice).get(), forged);
+        // A claim made without a decoder (a test's): its value as JSON.
+        let made = RawExtension(json!({"vf": 3, "ids": [1, 2]}));
+        assert_eq!(carried(&made).get(), r#"{"vf":3,"ids":[1,2]}"#);
     }
 }

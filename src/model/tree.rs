@@ -7,11 +7,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
+use crate::model::health::Health;
 use crate::model::layout;
 use crate::model::names::QualifiedName;
-use crate::model::resolve::{ClaimOrigin, Resolution, ResolvedClaim, ResolvedDevice};
+use crate::model::resolve::{ClaimOrigin, DeviceStatus, PodIdentity, Resolution, ResolvedClaim, ResolvedDevice, Taint};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
 /// turn a file into a directory (or back).
@@ -192,7 +194,7 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
             out.push((layout::STATUS_HARDWARE_ADDRESS.into(), Status, v.clone()));
         }
         if let Some(v) = &status.data {
-            out.push((layout::STATUS_DATA.into(), Status, v.to_string()));
+            out.push((layout::STATUS_DATA.into(), Status, v.get().to_string()));
         }
         for (member, content) in &status.data_members {
             out.push((format!("{}/{member}", layout::STATUS_DATA_DIR), Status, content.clone()));
@@ -204,13 +206,42 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
             out.push((layout::HEALTH_MESSAGE.into(), Health, message.clone()));
         }
     }
-    out.push((layout::RECORD.into(), Record, device_record(device).to_string()));
+    out.push((layout::RECORD.into(), Record, serde_json::to_string(&device_record(device)).unwrap_or_default()));
     out
 }
 
-/// The JSON record of one device: identity, typed attributes, capacity, status.
-pub fn device_record(device: &ResolvedDevice) -> Value {
-    let attributes: serde_json::Map<String, Value> = device
+/// The JSON record of one device: identity, typed attributes, capacity,
+/// status. A struct, not a `Value`, so that the driver's data goes in as the
+/// text it is (`status_data::RawData`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceRecord<'a> {
+    request: &'a str,
+    index: usize,
+    driver: &'a str,
+    pool: &'a str,
+    device: &'a str,
+    attributes: serde_json::Map<String, Value>,
+    capacity: serde_json::Map<String, Value>,
+    #[serde(rename = "shareID", skip_serializing_if = "Option::is_none")]
+    share_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    admin_access: bool,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    taints: &'a [Taint],
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    consumed_capacity: serde_json::Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a DeviceStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    health: Option<&'a Health>,
+    /// An extended resource's device (in the whole `.json`): the container, its directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<&'a str>,
+}
+
+fn device_record(device: &ResolvedDevice) -> DeviceRecord<'_> {
+    let attributes = device
         .attributes
         .iter()
         .map(|(k, a)| (k.to_string(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
@@ -218,51 +249,61 @@ pub fn device_record(device: &ResolvedDevice) -> Value {
     let quantities = |q: &BTreeMap<QualifiedName, String>| -> serde_json::Map<String, Value> {
         q.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect()
     };
-    let mut record = json!({
-        "request": device.full_request,
-        "index": device.index,
-        "driver": device.driver,
-        "pool": device.pool,
-        "device": device.device,
-        "attributes": attributes,
-        "capacity": quantities(&device.capacity),
-    });
-    if let Some(share) = &device.share_id {
-        record["shareID"] = json!(share);
+    DeviceRecord {
+        request: &device.full_request,
+        index: device.index,
+        driver: &device.driver,
+        pool: &device.pool,
+        device: &device.device,
+        attributes,
+        capacity: quantities(&device.capacity),
+        share_id: device.share_id.as_deref(),
+        admin_access: device.admin_access,
+        taints: &device.taints,
+        consumed_capacity: quantities(&device.consumed),
+        status: device.status.as_ref(),
+        health: device.health.as_ref(),
+        container: None,
     }
-    if device.admin_access {
-        record["adminAccess"] = json!(true);
-    }
-    if !device.taints.is_empty() {
-        record["taints"] = serde_json::to_value(&device.taints).unwrap_or(Value::Null);
-    }
-    if !device.consumed.is_empty() {
-        record["consumedCapacity"] = Value::Object(quantities(&device.consumed));
-    }
-    if let Some(status) = &device.status {
-        record["status"] = serde_json::to_value(status).unwrap_or(Value::Null);
-    }
-    if let Some(health) = &device.health {
-        record["health"] = serde_json::to_value(health).unwrap_or(Value::Null);
-    }
-    record
 }
 
-fn claim_record(claim: &ResolvedClaim) -> Value {
-    let mut record = json!({
-        "name": claim.pod_claim,
-        "resourceClaimName": claim.claim_name,
-        "fromTemplate": claim.from_template(),
-        "devices": claim.devices.iter().map(device_record).collect::<Vec<_>>(),
-    });
-    if claim.origin == ClaimOrigin::ExtendedResource {
-        // `name` is the resource; each device's directory is its container.
-        record["extendedResource"] = json!(true);
-        for (device, entry) in claim.devices.iter().zip(record["devices"].as_array_mut().into_iter().flatten()) {
-            entry["container"] = json!(device.request);
-        }
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimRecord<'a> {
+    name: &'a str,
+    resource_claim_name: &'a str,
+    from_template: bool,
+    devices: Vec<DeviceRecord<'a>>,
+    /// `name` is the resource; each device's directory is its container.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    extended_resource: bool,
+}
+
+fn claim_record(claim: &ResolvedClaim) -> ClaimRecord<'_> {
+    let extended_resource = claim.origin == ClaimOrigin::ExtendedResource;
+    ClaimRecord {
+        name: &claim.pod_claim,
+        resource_claim_name: &claim.claim_name,
+        from_template: claim.from_template(),
+        devices: claim
+            .devices
+            .iter()
+            .map(|device| DeviceRecord {
+                container: extended_resource.then_some(device.request.as_str()),
+                ..device_record(device)
+            })
+            .collect(),
+        extended_resource,
     }
-    record
+}
+
+/// The whole resolution, the tree's top-level `.json`.
+#[derive(Serialize)]
+struct Record<'a> {
+    pod: &'a PodIdentity,
+    ready: bool,
+    missing: &'a [String],
+    claims: Vec<ClaimRecord<'a>>,
 }
 
 /// A tree built from a resolution, with its readiness.
@@ -302,12 +343,12 @@ pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
             built.missing.push(format!("required path {require} does not exist"));
         }
     }
-    let whole = json!({
-        "pod": res.pod,
-        "ready": built.missing.is_empty(),
-        "missing": built.missing,
-        "claims": res.claims.iter().map(claim_record).collect::<Vec<_>>(),
-    });
+    let whole = Record {
+        pod: &res.pod,
+        ready: built.missing.is_empty(),
+        missing: &built.missing,
+        claims: res.claims.iter().map(claim_record).collect(),
+    };
     let whole = serde_json::to_string_pretty(&whole).unwrap_or_default();
     // Reserved top-level names never clash: claim names are DNS labels.
     let _ = built.tree.insert(layout::RECORD, whole);
@@ -322,6 +363,7 @@ mod tests {
     use super::*;
     use crate::model::objects::FileObjects;
     use crate::model::resolve::{Selection, resolve};
+    use serde_json::json;
 
     #[test]
     fn insert_refuses_escapes_and_conflicts() {
@@ -473,6 +515,90 @@ spec:
         // The record keeps the raw data and only it.
         let record: Value = serde_json::from_slice(t.get("gpu/gpu/0/.json").unwrap()).unwrap();
         assert_eq!(record["status"], json!({"data": serde_json::from_str::<Value>(data).unwrap()}));
+    }
+
+    /// Issue 25: data with numbers no 64-bit integer or float holds, and a
+    /// string with escapes, as the API server sends a driver's bytes.
+    const EXACT: &str = r#"{"big":340282366920938463463374607431768211455,"neg":-18446744073709551617,"f":1.5e400,"small":3,"nested":{"x":12345678901234567890123},"s":"a\u003cb\/c","ids":[18446744073709551616,1.50,-0]}"#;
+
+    /// The member files of `EXACT`: every digit as the driver wrote it, strings unescaped.
+    const EXACT_MEMBERS: [(&str, &str); 7] = [
+        ("big", "340282366920938463463374607431768211455"),
+        ("f", "1.5e400"),
+        ("ids", "18446744073709551616,1.50,-0"),
+        ("neg", "-18446744073709551617"),
+        ("nested/x", "12345678901234567890123"),
+        ("s", "a<b/c"),
+        ("small", "3"),
+    ];
+
+    fn data_files(built: &BuiltTree) -> (Option<String>, Vec<(String, String)>) {
+        let t = &built.tree;
+        let raw = t.get("gpu/gpu/0/.status/data").map(|v| String::from_utf8_lossy(v).into_owned());
+        let members = t
+            .files()
+            .filter_map(|(p, v)| {
+                Some((p.strip_prefix("gpu/gpu/0/.status/data.d/")?.to_string(), String::from_utf8_lossy(v).into()))
+            })
+            .collect();
+        (raw, members)
+    }
+
+    fn exact_members() -> Vec<(String, String)> {
+        EXACT_MEMBERS.iter().map(|(p, c)| (p.to_string(), c.to_string())).collect()
+    }
+
+    /// The documents of a YAML text as JSON (YAML 1.2 booleans, as `FileObjects` reads them: pool `n` stays a string).
+    fn yaml_docs(text: &str) -> Vec<Value> {
+        let mut options = serde_saphyr::Options::default();
+        options.strict_booleans = true;
+        serde_saphyr::from_multiple_with_options(text, options).unwrap()
+    }
+
+    /// [`GPU`] as one JSON `List` (what `kubectl get -o json` writes), the
+    /// driver's data the JSON text `data`.
+    fn gpu_json_with_data(data: &str, pretty: bool) -> String {
+        let docs = yaml_docs(&gpu_with_data("DATA"));
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": docs});
+        let text = if pretty { serde_json::to_string_pretty(&list).unwrap() } else { list.to_string() };
+        assert!(text.contains("\"DATA\""), "{text}");
+        text.replace("\"DATA\"", data)
+    }
+
+    #[test]
+    fn driver_data_of_a_json_file_keeps_the_drivers_bytes() {
+        let built = build(&resolved(&gpu_json_with_data(EXACT, false)), &[]);
+        assert!(built.is_ready() && built.warnings.is_empty(), "{:?} {:?}", built.missing, built.warnings);
+        let (raw, members) = data_files(&built);
+        assert_eq!(raw.as_deref(), Some(EXACT), "the raw file is the driver's bytes");
+        assert_eq!(members, exact_members());
+        // The device's record and the whole .json hold the same bytes.
+        let record = std::str::from_utf8(built.tree.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert!(record.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{record}");
+        let whole = std::str::from_utf8(built.tree.get(".json").unwrap()).unwrap();
+        assert!(whole.contains(&format!(r#""data": {EXACT}"#)), "{whole}");
+        // An indented file (kubectl's -o json): the same bytes, compact.
+        let indented = EXACT.replace(",\"", ",\n      \"").replace('{', "{\n      ").replace(':', ": ");
+        assert_ne!(indented, EXACT);
+        assert!(indented.contains("\"a\\u003cb\\/c\""), "whitespace only between tokens: {indented}");
+        let built = build(&resolved(&gpu_json_with_data(&indented, true)), &[]);
+        assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+        assert_eq!(data_files(&built), (Some(EXACT.to_string()), exact_members()));
+    }
+
+    #[test]
+    fn driver_data_from_the_api_keeps_the_bytes_it_sent() {
+        // The claim as engine/source.rs decodes an API answer; the pod and the slice from the fixture.
+        let docs = yaml_docs(&gpu_with_data("DATA"));
+        let claim = docs.iter().find(|d| d["kind"] == "ResourceClaim").unwrap().to_string().replace("\"DATA\"", EXACT);
+        let mut snapshot = FileObjects::parse("t", GPU).unwrap().into_snapshot("t", None).unwrap();
+        let decoded = crate::model::slices::decode_claim(&claim).unwrap();
+        snapshot.claims.insert("c".into(), decoded);
+        let built = build(&resolve(&snapshot, &Selection::default()), &[]);
+        assert!(built.is_ready() && built.warnings.is_empty(), "{:?} {:?}", built.missing, built.warnings);
+        assert_eq!(data_files(&built), (Some(EXACT.to_string()), exact_members()));
+        let record = std::str::from_utf8(built.tree.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert!(record.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{record}");
     }
 
     #[test]

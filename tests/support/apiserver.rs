@@ -251,6 +251,19 @@ struct State {
     watch_fault: WatchFault,
     requests: Vec<RequestRecord>,
     bookmark_interval: Duration,
+    /// (placeholder, JSON text): see [`TestApi::send_raw`].
+    raw_texts: Vec<(String, String)>,
+}
+
+impl State {
+    /// The JSON text of `value` as the server sends it, placeholders replaced.
+    fn encode(&self, value: &Value) -> String {
+        let mut text = value.to_string();
+        for (placeholder, raw) in &self.raw_texts {
+            text = text.replace(&format!("\"{placeholder}\""), raw);
+        }
+        text
+    }
 }
 
 struct Shared {
@@ -295,6 +308,7 @@ impl TestApi {
                 watch_fault: WatchFault::None,
                 requests: Vec::new(),
                 bookmark_interval: Duration::from_secs(1),
+                raw_texts: Vec::new(),
             }),
             changed,
             epoch,
@@ -457,6 +471,14 @@ impl TestApi {
         self.state().objects.get(&(res, ns, name.to_string())).cloned()
     }
 
+    /// Send the JSON text `raw` wherever an object holds the string
+    /// `placeholder`, in every answer from now on: a driver's data with numbers
+    /// a `serde_json::Value` cannot hold (beyond 64 bits), or escapes it would
+    /// rewrite, as the real API server sends the bytes a driver stored.
+    pub fn send_raw(&self, placeholder: &str, raw: &str) {
+        self.state().raw_texts.push((placeholder.to_string(), raw.to_string()));
+    }
+
     /// Load every Pod, ResourceClaim and ResourceSlice of a YAML text.
     pub fn load_yaml(&self, text: &str) {
         let docs: Vec<Value> = serde_saphyr::from_multiple(text).expect("fixture parses");
@@ -479,11 +501,8 @@ fn status_response(code: u16, reason: &str, message: &str) -> Response<Body> {
         .unwrap()
 }
 
-fn json_response(value: &Value) -> Response<Body> {
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(value.to_string())).boxed())
-        .unwrap()
+fn json_response(text: String) -> Response<Body> {
+    Response::builder().header("content-type", "application/json").body(Full::new(Bytes::from(text)).boxed()).unwrap()
 }
 
 struct Route {
@@ -731,7 +750,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
                     s.rv += 1;
                     object["metadata"]["resourceVersion"] = json!(s.rv.to_string());
                     s.objects.insert((Res::Events, route.namespace.clone().unwrap_or_default(), name), object.clone());
-                    let mut response = json_response(&object);
+                    let mut response = json_response(object.to_string());
                     *response.status_mut() = StatusCode::CREATED;
                     response
                 }
@@ -742,7 +761,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             let s = shared.state.lock().unwrap();
             let key = (route.res, route.namespace.clone().unwrap_or_default(), route.name.clone().unwrap());
             match s.objects.get(&key) {
-                Some(o) => json_response(o),
+                Some(o) => json_response(s.encode(o)),
                 None => status_response(404, "NotFound", &format!("{} \"{}\" not found", route.res.name(), key.2)),
             }
         }
@@ -783,12 +802,12 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             if more {
                 metadata["continue"] = json!(format!("{list_rv}|{last_key}"));
             }
-            json_response(&json!({
+            json_response(s.encode(&json!({
                 "kind": format!("{}List", route.res.kind()),
                 "apiVersion": route.res.api_version(),
                 "metadata": metadata,
                 "items": items,
-            }))
+            })))
         }
         _ => watch_response(shared.clone(), route, selector, &params),
     };
@@ -860,7 +879,7 @@ fn watch_response(
                 None => {
                     for ((r, _, _), o) in &s.objects {
                         if *r == route.res && selected(o, route.namespace.as_deref(), &selector) {
-                            let _ = tx.try_send(line(json!({"type": "ADDED", "object": o})));
+                            let _ = tx.try_send(Bytes::from(s.encode(&json!({"type": "ADDED", "object": o})) + "\n"));
                         }
                     }
                     s.rv
@@ -882,7 +901,7 @@ fn watch_response(
                         (true, false) => ("DELETED", e.new.clone().or_else(|| e.old.clone())),
                         (false, false) => continue,
                     };
-                    out.push(line(json!({"type": kind, "object": obj})));
+                    out.push(Bytes::from(s.encode(&json!({"type": kind, "object": obj})) + "\n"));
                 }
                 cursor = s.rv;
                 out
