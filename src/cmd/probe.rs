@@ -4,11 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::cmd::Failure;
 use crate::cmd::get::printable_bounded;
 use crate::model::layout;
+use crate::model::tree::RecordView;
 use crate::publish::fuse::is_stale_mount;
 
 /// What `probe` checks.
@@ -28,7 +27,8 @@ pub fn run(config: &Config) -> Result<(), Failure> {
     let ready = dir.join(layout::READY).exists();
     // The record is read only when needed (a ready probe without --healthy is
     // one stat), and once: it is one consistent tree, whatever changes meanwhile.
-    let record = || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    let record =
+        || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<RecordView>(&b).ok());
     // Everything said comes from the cluster (a driver's message, a claim's
     // name): escaped, and bounded, for a terminal and the kubelet's events.
     if !ready {
@@ -50,40 +50,30 @@ const MAX_LINE: usize = 1024;
 /// The most characters of one driver's health message.
 const MAX_MESSAGE: usize = 256;
 
-fn not_ready_reason(dir: &Path, record: Option<&Value>) -> String {
+fn not_ready_reason(dir: &Path, record: Option<&RecordView>) -> String {
     match record {
-        Some(v) => v["missing"]
-            .as_array()
-            .map(|m| m.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("; "))
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| "resolution incomplete".into()),
+        Some(r) if !r.missing.is_empty() => r.missing.join("; "),
+        Some(_) => "resolution incomplete".into(),
         None if dir.join(layout::RECORD).exists() => "resolution incomplete".into(),
         None => format!("no tree at {} yet (not mounted or not written)", dir.display()),
     }
 }
 
-/// `claim/request/index (device): message` of every device reported Unhealthy in a `.json` record.
-fn unhealthy_devices(record: &Value) -> Vec<String> {
+/// `claim/directory/index (device): message` of every device reported Unhealthy in a `.json` record.
+fn unhealthy_devices(record: &RecordView) -> Vec<String> {
     let mut out = Vec::new();
-    for claim in record["claims"].as_array().into_iter().flatten() {
-        for device in claim["devices"].as_array().into_iter().flatten() {
-            if device["health"]["state"] != "Unhealthy" {
-                continue;
-            }
-            // The tree directory: an extended resource's container, else the request before any `/`.
-            let request = match device["container"].as_str() {
-                Some(container) => container,
-                None => device["request"].as_str().and_then(|r| r.split('/').next()).unwrap_or("?"),
-            };
+    for claim in &record.claims {
+        for device in claim.devices.iter().filter(|d| d.is_unhealthy()) {
             let mut line = format!(
-                "{}/{request}/{} ({}/{}/{}) is Unhealthy",
-                claim["name"].as_str().unwrap_or("?"),
-                device["index"],
-                device["driver"].as_str().unwrap_or("?"),
-                device["pool"].as_str().unwrap_or("?"),
-                device["device"].as_str().unwrap_or("?"),
+                "{}/{}/{} ({}/{}/{}) is Unhealthy",
+                claim.name,
+                device.directory(),
+                device.index,
+                device.driver,
+                device.pool,
+                device.device,
             );
-            if let Some(message) = device["health"]["message"].as_str() {
+            if let Some(message) = device.health.as_ref().and_then(|h| h.message.as_deref()) {
                 line += &format!(": {}", printable_bounded(message, MAX_MESSAGE));
             }
             out.push(line);
@@ -97,24 +87,28 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn record(v: serde_json::Value) -> RecordView {
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn only_unhealthy_devices_are_named_with_their_message() {
-        let record = json!({"claims": [{"name": "gpus", "devices": [
+        let record = record(json!({"claims": [{"name": "gpus", "devices": [
             {"request": "gpu", "index": 0, "driver": "d", "pool": "p", "device": "g0", "health": {"state": "Healthy"}},
             {"request": "gpu/large", "index": 1, "driver": "d", "pool": "p", "device": "g1",
              "health": {"state": "Unhealthy", "message": "XID 79"}},
             {"request": "gpu", "index": 2, "driver": "d", "pool": "p", "device": "g2", "health": {"state": "Unknown"}},
-            {"request": "gpu", "index": 3, "driver": "d", "pool": "p", "device": "g3"}]}]});
+            {"request": "gpu", "index": 3, "driver": "d", "pool": "p", "device": "g3"}]}]}));
         assert_eq!(unhealthy_devices(&record), ["gpus/gpu/1 (d/p/g1) is Unhealthy: XID 79"]);
-        assert!(unhealthy_devices(&json!({"claims": "not a list"})).is_empty());
+        assert!(serde_json::from_value::<RecordView>(json!({"claims": "not a list"})).is_err());
     }
 
     #[test]
     fn messages_are_escaped_and_bounded_and_extended_resources_named_by_container() {
         let hostile = format!("\u{1b}[2J\u{1b}]0;owned\u{7}{}", "x".repeat(100_000));
-        let record = json!({"claims": [{"name": "nvidia.com/gpu", "extendedResource": true, "devices": [
+        let record = record(json!({"claims": [{"name": "nvidia.com/gpu", "extendedResource": true, "devices": [
             {"request": "container-1-request-0", "container": "trainer", "index": 0, "driver": "d", "pool": "p",
-             "device": "g0", "health": {"state": "Unhealthy", "message": hostile}}]}]});
+             "device": "g0", "health": {"state": "Unhealthy", "message": hostile}}]}]}));
         let lines = unhealthy_devices(&record);
         assert!(
             lines[0].starts_with("nvidia.com/gpu/trainer/0 (d/p/g0) is Unhealthy: \\u{1b}[2J"),

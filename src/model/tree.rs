@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model::health::Health;
@@ -306,6 +306,64 @@ struct Record<'a> {
     claims: Vec<ClaimRecord<'a>>,
 }
 
+/// The top-level `.json` as its readers (`drafs probe`) take it back: the
+/// fields of [`Record`] they use, under the same names. Beside the writer's
+/// types so that the two change together; a test writes one and reads the
+/// other.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RecordView {
+    pub ready: bool,
+    pub missing: Vec<String>,
+    pub claims: Vec<ClaimView>,
+}
+
+/// A claim of [`RecordView`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ClaimView {
+    pub name: String,
+    pub devices: Vec<DeviceView>,
+}
+
+/// A device of [`ClaimView`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DeviceView {
+    /// As allocated (`gpu/large` for a subrequest).
+    pub request: String,
+    pub index: usize,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// An extended resource's device: its container (its directory).
+    pub container: Option<String>,
+    pub health: Option<HealthView>,
+}
+
+/// The kubelet's health of a device, as the record holds it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct HealthView {
+    pub state: String,
+    pub message: Option<String>,
+}
+
+impl DeviceView {
+    /// The device's directory under its claim: an extended resource's
+    /// container, else the request before any `/`.
+    pub fn directory(&self) -> &str {
+        match &self.container {
+            Some(container) => container,
+            None => self.request.split('/').next().unwrap_or_default(),
+        }
+    }
+
+    pub fn is_unhealthy(&self) -> bool {
+        self.health.as_ref().is_some_and(|h| h.state == "Unhealthy")
+    }
+}
+
 /// A tree built from a resolution, with its readiness.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BuiltTree {
@@ -460,6 +518,19 @@ spec:
         assert!(record.get("consumedCapacity").is_none(), "{record}");
         let whole: Value = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
         assert_eq!(whole["claims"][0]["devices"][0]["consumedCapacity"]["gpu.example.com/memory"], "20Gi");
+        // What the writer wrote, the readers' view reads back (one contract).
+        let view: RecordView = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
+        assert!(view.ready && view.missing.is_empty());
+        assert_eq!(view.claims.len(), 1);
+        assert_eq!(view.claims[0].name, whole["claims"][0]["name"]);
+        for (i, device) in view.claims[0].devices.iter().enumerate() {
+            let written = &whole["claims"][0]["devices"][i];
+            assert_eq!(device.request, written["request"]);
+            assert_eq!(device.directory(), "gpu");
+            assert_eq!(serde_json::json!(device.index), written["index"]);
+            assert_eq!((&*device.driver, &*device.pool), ("gpu.example.com", "n"));
+            assert_eq!(device.device, written["device"]);
+        }
     }
 
     /// [`GPU`] with the driver's `status.devices[].data` set to `data` (JSON text).
