@@ -94,6 +94,89 @@ pub fn is_empty_object(raw: &RawValue) -> bool {
     raw.get().trim_start().strip_prefix('{').is_some_and(|rest| rest.trim_start().starts_with('}'))
 }
 
+/// `text` (valid JSON) without the whitespace between its tokens, or `None`
+/// when it has none; every token is kept byte for byte.
+pub fn compact(text: &str) -> Option<String> {
+    let (mut in_string, mut escaped) = (false, false);
+    let mut out: Option<Vec<u8>> = None;
+    for (at, &byte) in text.as_bytes().iter().enumerate() {
+        let keep = if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            true
+        } else {
+            in_string = byte == b'"';
+            !matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+        };
+        match (&mut out, keep) {
+            (Some(out), true) => out.push(byte),
+            (None, false) => out = Some(text.as_bytes()[..at].to_vec()),
+            _ => {}
+        }
+    }
+    // Only ASCII bytes were removed, so the rest is still UTF-8.
+    out.and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// The compact JSON `text` indented as `serde_json::to_string_pretty` indents
+/// a value (two spaces, `": "`, `{}` and `[]` when empty), every token kept
+/// byte for byte: a driver's data inside it keeps its digits and escapes.
+pub fn pretty(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.extend(std::iter::repeat_n("  ", depth));
+    };
+    let (mut in_string, mut escaped, mut depth) = (false, false, 0usize);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            out.push(c);
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                let close = if c == '{' { '}' } else { ']' };
+                if chars.peek() == Some(&close) {
+                    out.push(close);
+                    chars.next();
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            ' ' | '\t' | '\n' | '\r' => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +208,24 @@ mod tests {
         assert!(members(&raw("[1]")).is_err());
         assert!(is_empty_object(&raw("{}")) && is_empty_object(&raw("{ \n }")));
         assert!(!is_empty_object(&raw(r#"{"a":1}"#)) && !is_empty_object(&raw("[]")));
+    }
+
+    #[test]
+    fn compact_and_pretty_keep_every_token() {
+        let indented = "{\n  \"s\" : \"a b\\t\\u003c\\/ \\\\\\\" {}\" ,\r\n\t\"n\": [ 1 ,\n 2.50 ] ,\"e\" : { } }";
+        let compacted = compact(indented).unwrap();
+        assert_eq!(compacted, r#"{"s":"a b\t\u003c\/ \\\" {}","n":[1,2.50],"e":{}}"#);
+        assert_eq!(compact(&compacted), None, "compact text is kept as it is");
+        assert_eq!(compact(" 1 ").as_deref(), Some("1"));
+        assert_eq!(
+            pretty(&compacted),
+            "{\n  \"s\": \"a b\\t\\u003c\\/ \\\\\\\" {}\",\n  \"n\": [\n    1,\n    2.50\n  ],\n  \"e\": {}\n}"
+        );
+        // As serde_json indents a value, whatever it holds.
+        let value =
+            serde_json::json!({"a": [], "b": {}, "c": [1, {"d": null, "e": [true, "x,y:{}"]}], "f": "\"", "g": -1.5});
+        assert_eq!(pretty(&value.to_string()), serde_json::to_string_pretty(&value).unwrap());
+        assert_eq!(pretty("[]"), "[]");
+        assert_eq!(pretty("340282366920938463463374607431768211455"), "340282366920938463463374607431768211455");
     }
 }

@@ -39,7 +39,7 @@ pub struct RawData(Box<RawValue>);
 impl RawData {
     /// The data `raw`, compact.
     pub fn new(raw: &RawValue) -> RawData {
-        match compact(raw.get()).map(RawValue::from_string) {
+        match json_text::compact(raw.get()).map(RawValue::from_string) {
             Some(Ok(compacted)) => RawData(compacted),
             // Removing whitespace between the tokens of valid JSON leaves valid JSON;
             // should it ever not, the text stays as it came.
@@ -64,34 +64,6 @@ impl Serialize for RawData {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.0.serialize(serializer)
     }
-}
-
-/// `text` without the whitespace between its tokens, or `None` when it has none
-/// (the API server's answers never do).
-fn compact(text: &str) -> Option<String> {
-    let (mut in_string, mut escaped) = (false, false);
-    let mut out: Option<Vec<u8>> = None;
-    for (at, &byte) in text.as_bytes().iter().enumerate() {
-        let keep = if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            true
-        } else {
-            in_string = byte == b'"';
-            !matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
-        };
-        match (&mut out, keep) {
-            (Some(out), true) => out.push(byte),
-            (None, false) => out = Some(text.as_bytes()[..at].to_vec()),
-            _ => {}
-        }
-    }
-    // Only ASCII bytes were removed, so the rest is still UTF-8.
-    out.and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
 /// The one member of the object in which a claim carries a device's data from
@@ -435,9 +407,6 @@ mod tests {
         let data = text(indented);
         assert_eq!(data.get(), r#"{"s":"a b\t\u003c\/ \\\" {}","n":[1,2.50],"e":{}}"#);
         assert_eq!(files(&members(&data)), vec![("s", "a b\t</ \\\" {}"), ("n", "1,2.50")]);
-        // Compact text is kept as it is.
-        assert_eq!(compact(r#"{"a":"b c","d":[1,2]}"#), None);
-        assert_eq!(compact(" 1 ").as_deref(), Some("1"));
     }
 
     #[test]

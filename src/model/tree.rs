@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model::health::Health;
-use crate::model::layout;
 use crate::model::names::QualifiedName;
 use crate::model::resolve::{ClaimOrigin, DeviceStatus, PodIdentity, Resolution, ResolvedClaim, ResolvedDevice, Taint};
+use crate::model::{json_text, layout};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
 /// turn a file into a directory (or back).
@@ -407,7 +407,8 @@ pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
         missing: &built.missing,
         claims: res.claims.iter().map(claim_record).collect(),
     };
-    let whole = serde_json::to_string_pretty(&whole).unwrap_or_default();
+    // Indented from the compact text, so that the drivers' data keeps its bytes there too.
+    let whole = serde_json::to_string(&whole).map(|text| json_text::pretty(&text)).unwrap_or_default();
     // Reserved top-level names never clash: claim names are DNS labels.
     let _ = built.tree.insert(layout::RECORD, whole);
     if built.missing.is_empty() {
@@ -647,7 +648,8 @@ spec:
         let record = std::str::from_utf8(built.tree.get("gpu/gpu/0/.json").unwrap()).unwrap();
         assert!(record.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{record}");
         let whole = std::str::from_utf8(built.tree.get(".json").unwrap()).unwrap();
-        assert!(whole.contains(&format!(r#""data": {EXACT}"#)), "{whole}");
+        let tokens = json_text::compact(whole).unwrap();
+        assert!(tokens.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{whole}");
         // An indented file (kubectl's -o json): the same bytes, compact.
         let indented = EXACT.replace(",\"", ",\n      \"").replace('{', "{\n      ").replace(':', ": ");
         assert_ne!(indented, EXACT);
