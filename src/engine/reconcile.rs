@@ -14,7 +14,8 @@
 //! is a scope whose list is a GET), and where the run stands ([`Phase`],
 //! moved by the table in [`change`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -218,7 +219,7 @@ pub struct Reconciler {
     pod_watch_refused: bool,
     /// Retries of scopes answered once (see [`WatchBackoff`]): one for the run.
     trouble: WatchBackoff,
-    warned: BTreeSet<String>,
+    warned: Warned,
     published: Option<Tree>,
     last_missing: Vec<String>,
     /// When [`Reconciler::start`] was called.
@@ -228,6 +229,47 @@ pub struct Reconciler {
     /// The objects come from this file: every get and list is answered at
     /// once and nothing ever changes, so nothing is waited for or watched.
     fixed: Option<String>,
+}
+
+/// Distinct warnings remembered by [`Warned`].
+const WARNED_MAX: usize = 1024;
+
+/// The warnings reported so far, so that each is reported once: the same
+/// error on every retry, the same skipped attribute on every resolution.
+/// Bounded: only the last [`WARNED_MAX`] distinct warnings are remembered,
+/// each by a hash (8 bytes, however long the message), so a flood of distinct
+/// ones (a server that ignores the field selector sends every object of the
+/// cluster, each named in its warning; an API error whose message changes)
+/// costs a fixed amount of memory. A warning forgotten that way is reported
+/// once more if it comes back.
+#[derive(Debug, Default)]
+struct Warned {
+    seen: HashSet<u64>,
+    /// The same hashes, oldest first.
+    order: VecDeque<u64>,
+}
+
+impl Warned {
+    /// True the first time `warning` comes (or again once it was forgotten).
+    fn first(&mut self, warning: &str) -> bool {
+        // A fixed hasher: the reconciler stays a deterministic value.
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(warning);
+        if !self.seen.insert(hash) {
+            return false;
+        }
+        self.order.push_back(hash);
+        if self.order.len() > WARNED_MAX
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        true
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.seen.len()
+    }
 }
 
 /// A watch the server ends sooner than this without sending a change was cut
@@ -250,7 +292,7 @@ impl Reconciler {
             filter: None,
             pod_watch_refused: false,
             trouble: WatchBackoff::new(seed),
-            warned: BTreeSet::new(),
+            warned: Warned::default(),
             published: None,
             last_missing: Vec::new(),
             started: None,
@@ -631,7 +673,7 @@ impl Reconciler {
     }
 
     fn warn_once(&mut self, warning: String) -> Option<String> {
-        self.warned.insert(warning.clone()).then_some(warning)
+        self.warned.first(&warning).then_some(warning)
     }
 
     /// The devices the pod's listed claims are allocated.
@@ -898,6 +940,7 @@ fn needs_pod_refresh(res: &Resolution) -> bool {
 mod tests {
     use super::*;
     use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 
     const NS: &str = "ns";
@@ -1356,6 +1399,35 @@ mod tests {
         assert_eq!(step.warnings.len(), 1);
         let Some(Ok(res)) = step.done else { panic!() };
         assert!(res.missing.iter().any(|m| matches!(m, Missing::ClaimNotFound { .. })));
+    }
+
+    #[test]
+    fn a_flood_of_distinct_warnings_is_reported_once_each_and_remembered_within_a_bound() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        assert_eq!(r.phase(), Phase::Ready);
+        // A server that ignores the claim watch's field selector sends every
+        // claim of the cluster: 100,000 distinct ones, each ignored with a warning.
+        let other = |i: usize| {
+            let metadata =
+                ObjectMeta { name: Some(format!("other-{i}")), namespace: Some(NS.into()), ..Default::default() };
+            let claim = ResourceClaim { metadata, ..Default::default() };
+            Input::Applied { scope: claim_scope("c"), item: Item::Claim(Box::new(claim)) }
+        };
+        let mut reported = 0;
+        for i in 0..100_000 {
+            reported += r.absorb(t0(), [other(i)]).warnings.len();
+            assert!(r.warned.len() <= WARNED_MAX, "{} warnings kept", r.warned.len());
+        }
+        assert_eq!(reported, 100_000, "each reported once");
+        // The last WARNED_MAX are remembered: not reported again.
+        assert!(r.absorb(t0(), [other(99_999), other(100_000 - WARNED_MAX)]).warnings.is_empty());
+        // The first were forgotten: reported once more.
+        assert_eq!(r.absorb(t0(), [other(0)]).warnings.len(), 1);
+        // The pod's tree is unchanged throughout.
+        let step = r.settle(t0());
+        assert!(step.publish.is_none() && step.warnings.is_empty(), "{:?}", step.warnings);
+        assert_eq!(r.phase(), Phase::Ready);
     }
 
     #[test]

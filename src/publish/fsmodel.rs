@@ -10,10 +10,13 @@
 //! about an inode (size, pages) stays true of it, and a reader sees the old
 //! value or the new one, never the new bytes cut to the old size. The
 //! allocator remembers only the current paths.
+//!
+//! [`KernelRefs`] is what the kernel may still ask about: the inodes it looked
+//! up, and the nodes a swap replaced that it may still read, within bounds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::tree::Tree;
 
@@ -241,6 +244,97 @@ impl FsSnapshot {
     }
 }
 
+/// A retired node nobody has looked up is dropped after this long (the lookup
+/// that raced with its retirement has been counted by then).
+pub const RETIRED_GRACE: Duration = Duration::from_secs(2);
+/// Older retired nodes kept at most (the oldest are dropped first). The
+/// kernel forgets an inode only when it reclaims it, so without a bound a
+/// long-running sidecar would keep every value it ever served. A reader would
+/// need to hold a file open across this many replaced values, and have its
+/// page cache dropped, to miss one (it then gets ESTALE, and a path lookup is
+/// retried afresh).
+pub const RETIRED_MAX: usize = 1024;
+/// Older retired nodes kept at most, in bytes of content: a change replaces
+/// the tree's `.json` files too, and 1024 copies of the 24 KB `.json` of 8
+/// devices x 30 attributes would be 24 MiB (a health flip replaces it and a
+/// 1-byte `.health`: 12 MiB were kept when every flip was read).
+pub const RETIRED_MAX_BYTES: usize = 1 << 20;
+
+/// What the kernel holds: how many lookups of each inode it has not forgotten,
+/// and the nodes replaced since that it may still read (an open file of a value
+/// that has changed reads the value it opened, whole). Bounded: the nodes the
+/// last swap replaced, and at most [`RETIRED_MAX`] nodes or
+/// [`RETIRED_MAX_BYTES`] of content of older ones.
+///
+/// B-trees, not hash maps: a hash map keeps the capacity of its largest
+/// moment (and grows further under churn), where a B-tree frees what it no
+/// longer holds (an 8-device tree's churn left 840 KiB of empty hash buckets).
+#[derive(Debug, Default)]
+pub struct KernelRefs {
+    lookups: BTreeMap<Ino, u64>,
+    retired: BTreeMap<Ino, (Node, Instant)>,
+}
+
+impl KernelRefs {
+    /// The kernel looked `ino` up once more.
+    pub fn looked_up(&mut self, ino: Ino) {
+        *self.lookups.entry(ino).or_default() += 1;
+    }
+
+    /// The kernel forgot `n` lookups of `ino`; a retired node it no longer holds is dropped.
+    pub fn forget(&mut self, ino: Ino, n: u64) {
+        let left = self.lookups.get(&ino).map_or(0, |count| count.saturating_sub(n));
+        if left == 0 {
+            self.lookups.remove(&ino);
+            self.retired.remove(&ino);
+        } else {
+            self.lookups.insert(ino, left);
+        }
+    }
+
+    /// A node replaced by a swap and still kept.
+    pub fn retired(&self, ino: Ino) -> Option<&Node> {
+        self.retired.get(&ino).map(|(node, _)| node)
+    }
+
+    /// `new` replaces `old` at `now`: keep the nodes it replaces (call before
+    /// the swap, so that no request misses them), drop those the kernel no
+    /// longer needs, and the oldest beyond the bounds.
+    pub fn retire(&mut self, old: &FsSnapshot, new: &FsSnapshot, now: Instant) {
+        let KernelRefs { lookups, retired } = self;
+        retired.retain(|ino, (_, since)| lookups.contains_key(ino) || now.duration_since(*since) < RETIRED_GRACE);
+        for (ino, node) in &old.nodes {
+            if !new.nodes.contains_key(ino) {
+                retired.insert(*ino, (node.clone(), now));
+            }
+        }
+        let mut older: Vec<(Instant, Ino, usize)> = retired
+            .iter()
+            .filter(|(_, (_, since))| *since < now)
+            .map(|(ino, (node, since))| (*since, *ino, node.content.len()))
+            .collect();
+        let (mut count, mut bytes) = (older.len(), older.iter().map(|(.., len)| len).sum::<usize>());
+        if count <= RETIRED_MAX && bytes <= RETIRED_MAX_BYTES {
+            return;
+        }
+        older.sort_unstable();
+        for (_, ino, len) in older {
+            if count <= RETIRED_MAX && bytes <= RETIRED_MAX_BYTES {
+                break;
+            }
+            retired.remove(&ino);
+            lookups.remove(&ino);
+            count -= 1;
+            bytes -= len;
+        }
+    }
+
+    /// Retired nodes kept, and the bytes of their content.
+    pub fn retired_size(&self) -> (usize, usize) {
+        (self.retired.len(), self.retired.values().map(|(node, _)| node.content.len()).sum())
+    }
+}
+
 /// A kernel cache entry to drop after a swap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalidation {
@@ -360,6 +454,68 @@ mod tests {
             FsSnapshot::build(&tree(&[(&format!("attr{i}"), "x")]), &mut inodes, Some(&c));
         }
         assert_eq!(inodes.len(), 2);
+    }
+
+    /// A tree whose `.json` is `json_kib` KiB and says `health`, as a health flip changes it.
+    fn flipped(health: &str, json_kib: usize) -> Tree {
+        let json = format!("{{\"health\": \"{health}\", \"pad\": \"{}\"}}", "x".repeat(json_kib * 1024));
+        tree(&[("gpu/gpu/0/.health", health), ("gpu/gpu/0/uuid", "GPU-1"), (".json", &json)])
+    }
+
+    #[test]
+    fn replaced_nodes_are_kept_for_the_kernel_within_bounds() {
+        let (mut inodes, mut refs) = (InodeAllocator::default(), KernelRefs::default());
+        let mut now = Instant::now();
+        let mut current = FsSnapshot::build(&flipped("Healthy", 25), &mut inodes, None);
+        // 1,200 health flips, each replacing `.health` and the 25 KiB `.json`;
+        // a reader looks up every new value and the kernel never forgets one.
+        for i in 0..1200 {
+            let next = FsSnapshot::build(&flipped(["Unhealthy", "Healthy"][i % 2], 25), &mut inodes, Some(&current));
+            refs.looked_up(path_ino(&next, ".json"));
+            refs.looked_up(path_ino(&next, "gpu/gpu/0/.health"));
+            let replaced = path_ino(&current, ".json");
+            refs.retire(&current, &next, now);
+            assert!(refs.retired(replaced).is_some(), "the value just replaced is still readable");
+            current = next;
+            now += Duration::from_millis(10);
+        }
+        let (count, bytes) = refs.retired_size();
+        let json = 25 * 1024 + 30;
+        assert!(bytes <= RETIRED_MAX_BYTES + json, "{bytes} bytes kept in {count} nodes");
+        assert!(count <= RETIRED_MAX + 2, "{count}");
+        assert!(bytes >= RETIRED_MAX_BYTES - json, "the budget is used: {bytes}");
+        assert!(refs.lookups.len() <= RETIRED_MAX + 4, "lookups of dropped nodes go with them: {}", refs.lookups.len());
+
+        // Small values: the count bounds them.
+        for i in 0..1200 {
+            let next = FsSnapshot::build(&flipped(&format!("h{i}"), 0), &mut inodes, Some(&current));
+            refs.looked_up(path_ino(&next, "gpu/gpu/0/.health"));
+            refs.retire(&current, &next, now);
+            current = next;
+            now += Duration::from_millis(10);
+        }
+        assert!(refs.retired_size().0 <= RETIRED_MAX + 2, "{:?}", refs.retired_size());
+
+        // One value over the whole budget is still kept through its grace.
+        let big = FsSnapshot::build(&flipped("Healthy", 2048), &mut inodes, Some(&current));
+        refs.retire(&current, &big, now);
+        let after = FsSnapshot::build(&flipped("Unhealthy", 0), &mut inodes, Some(&big));
+        refs.retire(&big, &after, now + Duration::from_millis(1));
+        assert!(refs.retired(path_ino(&big, ".json")).is_some(), "the value just replaced is kept, however large");
+        let (_, bytes) = refs.retired_size();
+        assert!(bytes <= RETIRED_MAX_BYTES + 2048 * 1024 + 30, "older values within the budget: {bytes}");
+
+        // Nodes nobody looked up are dropped once their grace is over; the
+        // kernel's forget drops the others.
+        let later = now + RETIRED_GRACE + Duration::from_millis(10);
+        refs.retire(&after, &after, later);
+        assert!(refs.retired(path_ino(&big, ".json")).is_none());
+        let held: Vec<Ino> = refs.retired.keys().copied().collect();
+        assert!(!held.is_empty());
+        for ino in held {
+            refs.forget(ino, u64::MAX);
+        }
+        assert_eq!(refs.retired_size(), (0, 0));
     }
 
     #[test]

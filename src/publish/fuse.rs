@@ -5,7 +5,6 @@
 //! After each swap a dedicated thread tells the kernel what to forget; never a
 //! FUSE callback, which would deadlock against the kernel waiting on it.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -23,7 +22,9 @@ use fuser::{
 use tracing::{debug, info, warn};
 
 use crate::model::tree::Tree;
-use crate::publish::fsmodel::{FsError, FsSnapshot, InodeAllocator, Invalidation, Kind, Node, invalidations};
+use crate::publish::fsmodel::{
+    FsError, FsSnapshot, InodeAllocator, Invalidation, KernelRefs, Kind, Node, invalidations,
+};
 use crate::publish::metrics::Metrics;
 
 /// How long the kernel may cache names and attributes. Changes are pushed, so
@@ -113,25 +114,6 @@ fn load(current: &Current) -> Arc<FsSnapshot> {
     current.read().map(|g| g.clone()).unwrap_or_else(|p| p.into_inner().clone())
 }
 
-/// What the kernel holds: how many lookups of each inode it has not forgotten,
-/// and the nodes replaced since that it may still read (an open file of a value
-/// that has changed reads the value it opened, whole).
-#[derive(Default)]
-struct KernelRefs {
-    lookups: HashMap<u64, u64>,
-    retired: HashMap<u64, (Node, Instant)>,
-}
-
-/// A retired node nobody has looked up is dropped after this long (the lookup
-/// that raced with its retirement has been counted by then).
-const RETIRED_GRACE: Duration = Duration::from_secs(2);
-/// Retired nodes kept at most, oldest dropped first. The kernel forgets an
-/// inode only when it reclaims it, so without a bound a long-running sidecar
-/// would keep every value it ever served. A reader would need to hold a file
-/// open across this many replaced values, and have its page cache dropped, to
-/// miss one (it then gets ESTALE, and a path lookup is retried afresh).
-const RETIRED_MAX: usize = 1024;
-
 type Refs = Arc<Mutex<KernelRefs>>;
 
 fn lock(refs: &Refs) -> std::sync::MutexGuard<'_, KernelRefs> {
@@ -157,7 +139,7 @@ impl DraFs {
         if let Some(node) = self.snapshot().node(ino) {
             return Some(node.clone());
         }
-        lock(&self.refs).retired.get(&ino).map(|(node, _)| node.clone())
+        lock(&self.refs).retired(ino).cloned()
     }
 
     fn attr(&self, node: &Node) -> FileAttr {
@@ -203,7 +185,7 @@ impl Filesystem for DraFs {
         let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
         match snap.lookup(parent.0, name) {
             Ok(node) => {
-                *lock(&self.refs).lookups.entry(node.ino).or_default() += 1;
+                lock(&self.refs).looked_up(node.ino);
                 reply.entry(&TTL, &self.attr(node), Generation(0))
             }
             Err(e) => reply.error(errno(e)),
@@ -211,14 +193,7 @@ impl Filesystem for DraFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let mut refs = lock(&self.refs);
-        let left = refs.lookups.get(&ino.0).map_or(0, |n| n.saturating_sub(nlookup));
-        if left == 0 {
-            refs.lookups.remove(&ino.0);
-            refs.retired.remove(&ino.0);
-        } else {
-            refs.lookups.insert(ino.0, left);
-        }
+        lock(&self.refs).forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -487,27 +462,9 @@ impl FuseMount {
         let old = load(&self.current);
         let new = Arc::new(FsSnapshot::build(tree, &mut self.inodes, Some(&old)));
         let changes = invalidations(&old, &new);
-        {
-            // Nodes the new snapshot replaces stay readable while the kernel may
-            // hold them; they are retired before the swap so no request misses them.
-            let mut refs = lock(&self.refs);
-            let now = Instant::now();
-            let KernelRefs { lookups, retired } = &mut *refs;
-            retired.retain(|ino, (_, since)| lookups.contains_key(ino) || now.duration_since(*since) < RETIRED_GRACE);
-            for ino in old.inodes().filter(|ino| new.node(*ino).is_none()) {
-                if let Some(node) = old.node(ino) {
-                    retired.insert(ino, (node.clone(), now));
-                }
-            }
-            if retired.len() > RETIRED_MAX {
-                let mut by_age: Vec<(Instant, u64)> = retired.iter().map(|(ino, (_, since))| (*since, *ino)).collect();
-                by_age.sort_unstable();
-                for (_, ino) in by_age.into_iter().take(retired.len() - RETIRED_MAX) {
-                    retired.remove(&ino);
-                    lookups.remove(&ino);
-                }
-            }
-        }
+        // Nodes the new snapshot replaces stay readable while the kernel may
+        // hold them; they are retired before the swap so no request misses them.
+        lock(&self.refs).retire(&old, &new, Instant::now());
         match self.current.write() {
             Ok(mut g) => *g = new,
             Err(p) => *p.into_inner() = new,
@@ -524,9 +481,9 @@ impl FuseMount {
         self.mount_id
     }
 
-    /// Replaced nodes still kept for the kernel (for tests and metrics).
-    pub fn retired_count(&self) -> usize {
-        lock(&self.refs).retired.len()
+    /// Replaced nodes still kept for the kernel, and the bytes of their content.
+    pub fn retired_size(&self) -> (usize, usize) {
+        lock(&self.refs).retired_size()
     }
 }
 
