@@ -2,6 +2,7 @@
 //! (not) ready. Needs `create events`, granted by the optional Role in
 //! `drafs manifests rbac --events`; when forbidden, drafs says so once and goes on.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -26,6 +27,14 @@ pub const NOT_READY: &str = "DeviceAttributesNotReady";
 /// Longest message sent; the API server rejects longer ones for events.k8s.io.
 const MAX_MESSAGE: usize = 1024;
 
+/// Events waiting to be sent at most; newer ones are dropped while the queue
+/// is full (as client-go's recorder does), and the log says so once. Each
+/// waits up to 2 s for the API server, so events that come faster than a slow
+/// server takes them (a device whose health flaps, with `--ready-when-healthy`:
+/// a Warning per flap, and a Normal one with `--events=all`) grew the queue
+/// without bound.
+pub const QUEUED_MAX: usize = 32;
+
 /// One event to record.
 #[derive(Debug, Clone)]
 pub struct Note {
@@ -38,39 +47,53 @@ pub struct Note {
 
 /// Queues events to a background task, so recording never blocks serving.
 pub struct Events {
-    tx: Option<tokio::sync::mpsc::UnboundedSender<Note>>,
+    tx: Option<tokio::sync::mpsc::Sender<Note>>,
     task: Option<tokio::task::JoinHandle<()>>,
     mode: EventsMode,
+    /// Events dropped because [`QUEUED_MAX`] were waiting.
+    dropped: AtomicU64,
 }
 
 impl Events {
     /// No events at all (`get`, `exec`, or `--events=none`).
     pub fn none() -> Self {
-        Events { tx: None, task: None, mode: EventsMode::None }
+        Events { tx: None, task: None, mode: EventsMode::None, dropped: AtomicU64::new(0) }
     }
 
     pub fn start(client: Client, pod: PodRef, mode: EventsMode) -> Self {
         if mode == EventsMode::None {
             return Events::none();
         }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Note>(QUEUED_MAX);
         let mut recorder = Recorder { api: Api::namespaced(client, &pod.namespace), pod, enabled: true };
         let task = tokio::spawn(async move {
             while let Some(note) = rx.recv().await {
                 recorder.emit(&note).await;
             }
         });
-        Events { tx: Some(tx), task: Some(task), mode }
+        Events { tx: Some(tx), task: Some(task), mode, dropped: AtomicU64::new(0) }
     }
 
-    /// Queue `note` if the mode records it (Normal events only with `all`).
+    /// Queue `note` if the mode records it (Normal events only with `all`),
+    /// unless [`QUEUED_MAX`] wait already.
     pub fn record(&self, note: Note) {
         if !note.warning && self.mode != EventsMode::All {
             return;
         }
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(note);
+        let Some(tx) = &self.tx else { return };
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(note)) = tx.try_send(note)
+            && self.dropped.fetch_add(1, Ordering::Relaxed) == 0
+        {
+            warn!(
+                reason = note.reason,
+                "{QUEUED_MAX} events wait to be recorded (is the API server slow?): newer ones are dropped until they are sent"
+            );
         }
+    }
+
+    /// Events dropped so far because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Wait until the queued events are sent (each bounded by a 2 s timeout).
@@ -145,4 +168,26 @@ impl Recorder {
 
 fn jiff_now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_flood_of_events_waits_in_a_bounded_queue() {
+        // An API server that accepts connections and never answers.
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = kube::Config::new(format!("http://{}", server.local_addr().unwrap()).parse().unwrap());
+        let pod = PodRef { namespace: "ns".into(), name: "p".into() };
+        let events = Events::start(Client::try_from(config).unwrap(), pod, EventsMode::All);
+        // A device whose health flaps: a Warning and a Normal event per flap.
+        for i in 0..10_000 {
+            let (warning, reason) = if i % 2 == 0 { (true, NOT_READY) } else { (false, READY) };
+            events.record(Note { warning, reason, message: format!("flap {i}"), uid: None });
+        }
+        let tx = events.tx.as_ref().unwrap();
+        assert_eq!(tx.max_capacity() - tx.capacity(), QUEUED_MAX, "what waits is bounded");
+        assert_eq!(events.dropped(), (10_000 - QUEUED_MAX) as u64, "the rest is dropped, and counted");
+    }
 }
