@@ -7,7 +7,8 @@
 //! API server; prints a Markdown table: the trees written for the burst (from
 //! `drafs_tree_updates_total`), the time from the burst's last change until
 //! its value is read from the tree, and the process's resident set before the
-//! burst and at its peak (VmHWM). `DRAFS_BIN=path` measures another binary;
+//! burst and at its peak (VmHWM), of the FUSE server (not its supervisor)
+//! with FUSE. `DRAFS_BIN=path` measures another binary;
 //! `cargo bench --bench burst -- FUSE tmpfs` runs only the rows named so.
 
 #[path = "../tests/support/mod.rs"]
@@ -108,7 +109,8 @@ fn burst(backend: &str, dir: &Path, log: &Path) -> Row {
     wait_until("serve ready", Duration::from_secs(60), || {
         std::fs::read_to_string(dir.join(".ready")).is_ok() && http_get(&addr, "/metrics").is_some()
     });
-    let pid = child.id();
+    // The FUSE server, not the supervisor that `serve --backend fuse` forks it from.
+    let pid = if backend == "fuse" { fuse_server_of(child.id()).expect("the FUSE server") as u32 } else { child.id() };
     let rss_before = status_kib(pid, "VmRSS:");
     let before = tree_updates(&addr);
     let cpu_before = cpu_time(pid);

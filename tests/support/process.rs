@@ -294,12 +294,7 @@ impl Serve {
     /// The process that serves the FUSE tree: the one with /dev/fuse open,
     /// the started process or one of its children.
     pub fn fuse_server_pid(&self) -> Option<i32> {
-        let pid = self.child.as_ref().unwrap().id();
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        std::iter::once(pid.to_string())
-            .chain(children.split_whitespace().map(str::to_string))
-            .filter_map(|p| p.parse::<i32>().ok())
-            .find(|p| holds_dev_fuse(*p))
+        fuse_server_of(self.child.as_ref().unwrap().id())
     }
 
     /// Wait for the process to exit by itself.
@@ -352,6 +347,17 @@ pub fn drafs_with_stdin(args: &[&str], input: &str) -> std::process::Output {
         other => other.unwrap(),
     }
     wait_output(child, Duration::from_secs(60))
+}
+
+/// The process that serves the FUSE tree of the `drafs serve` started as
+/// `pid`: the one with /dev/fuse open, `pid` itself or one of its children
+/// (`serve --backend fuse` forks its server from a supervisor).
+pub fn fuse_server_of(pid: u32) -> Option<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    std::iter::once(pid.to_string())
+        .chain(children.split_whitespace().map(str::to_string))
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|p| holds_dev_fuse(*p))
 }
 
 /// Whether process `pid` has /dev/fuse open: the one serving a FUSE tree
