@@ -14,7 +14,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, GPU_DRIVER, NIC_DRIVER, Node, SHELL_IMAGE};
+use support::node::{
+    self, DRAFS_IMAGE, GPU_DRIVER, NIC_DRIVER, Node, SHELL_IMAGE, log_line, read_in_app, wait_read_in_app,
+};
 use support::*;
 
 /// The examples' placeholders, made local: the image drafs's tests build, and
@@ -84,17 +86,6 @@ fn gpu_pod(ns: &str, name: &str, template: &str) -> String {
         },
     })
     .to_string()
-}
-
-/// Wait until the app's log has a line with `prefix`; that line.
-fn log_line(node: &Node, ns: &str, pod: &str, container: &str, prefix: &str) -> String {
-    let mut line = None;
-    let found = wait_for(Duration::from_secs(60), || {
-        line = node.logs(ns, pod, container).lines().find(|l| l.starts_with(prefix)).map(str::to_string);
-        line.is_some()
-    });
-    assert!(found, "no {prefix:?} line in {ns}/{pod}/{container}:\n{}", node.logs(ns, pod, container));
-    line.unwrap()
 }
 
 #[test]
@@ -578,21 +569,6 @@ fn deleting_a_pod_with_a_fuse_sidecar_leaves_no_mount_even_after_a_hard_kill() {
             fuse_mounts_of(node, &uid)
         );
     }
-}
-
-/// What the app reads at `path`, or "" while it is absent.
-fn read_in_app(node: &Node, ns: &str, pod: &str, path: &str) -> String {
-    node.exec(ns, pod, "app", &["sh", "-c", &format!("cat {path} 2>/dev/null || true")])
-}
-
-/// Wait until the app reads `want` at `path` (60 s at most), failing with what it read last.
-fn wait_read_in_app(node: &Node, ns: &str, pod: &str, path: &str, want: &str) {
-    let mut seen = String::new();
-    let arrived = wait_for(Duration::from_secs(60), || {
-        seen = read_in_app(node, ns, pod, path);
-        seen == want
-    });
-    assert!(arrived, "{ns}/{pod}: the app reads {seen:?} at {path}, not {want:?}");
 }
 
 fn pod_ready(pod: &Value) -> Option<bool> {

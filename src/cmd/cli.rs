@@ -76,6 +76,36 @@ pub enum Command {
     Webhook(WebhookArgs),
     /// Will drafs work for a namespace or a pod, and if not, why (exit 0: yes, 1: a check failed, 2: usage).
     Check(CheckArgs),
+    /// Serve every pod on this node that asks with a CSI volume (a DaemonSet: drafs per node).
+    Node(NodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// This node's name (downward API spec.nodeName): the CSI node id.
+    #[arg(long, env = "NODE_NAME", value_parser = parse_name)]
+    pub node_name: String,
+    /// The kubelet's root directory: pods' volumes are published under its pods/.
+    #[arg(long, env = "DRAFS_KUBELET_DIR", default_value = "/var/lib/kubelet", value_name = "DIR")]
+    pub kubelet_dir: PathBuf,
+    /// The CSI driver's name (the CSIDriver object's and the pods' `csi.driver`).
+    #[arg(long, env = "DRAFS_DRIVER_NAME", default_value = crate::node::DEFAULT_DRIVER, value_parser = parse_csi_driver_name)]
+    pub driver_name: String,
+    /// The CSI endpoint. Default: <kubelet-dir>/plugins/<driver-name>/csi.sock.
+    #[arg(long, env = "DRAFS_CSI_ENDPOINT", value_name = "SOCKET")]
+    pub endpoint: Option<PathBuf>,
+    /// Where the kubelet looks for plugins to register. Default: <kubelet-dir>/plugins_registry.
+    #[arg(long, env = "DRAFS_REGISTRATION_DIR", value_name = "DIR")]
+    pub registration_dir: Option<PathBuf>,
+}
+
+/// A CSI driver name: a DNS subdomain of at most 63 characters, as the CSIDriver object's.
+fn parse_csi_driver_name(s: &str) -> Result<String, String> {
+    if s.len() <= 63 && parse_driver_name(s).is_ok() {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a CSI driver name (a lowercase DNS subdomain of at most 63 characters)"))
+    }
 }
 
 #[derive(Debug, Args)]

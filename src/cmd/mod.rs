@@ -27,6 +27,7 @@ pub mod get;
 pub mod init;
 pub mod inject;
 pub mod manifests;
+pub mod node;
 pub mod probe;
 pub mod serve;
 pub mod unmount;
@@ -69,6 +70,7 @@ pub enum Config {
     Manifests(manifests::Config),
     Webhook(crate::admission::webhook::Config),
     Check(check::Config),
+    Node(node::Config),
 }
 
 impl Config {
@@ -87,6 +89,7 @@ impl Config {
             Command::Manifests(ManifestsCommand::Rbac(args)) => Config::Manifests(manifests::Config::from_args(args)),
             Command::Webhook(args) => Config::Webhook(webhook::config(args)),
             Command::Check(args) => Config::Check(check::Config::from_args(args)?),
+            Command::Node(args) => Config::Node(node::Config::from_args(args)?),
         })
     }
 
@@ -113,6 +116,7 @@ pub async fn run(config: Config, stop: Stop) -> Result<(), Failure> {
         Config::Manifests(c) => blocking(stop, move || manifests::run(&c)).await,
         Config::Webhook(c) => webhook::run(c, stop).await,
         Config::Check(c) => fail_on(stop, check::run(c)).await,
+        Config::Node(c) => node::run(c, stop).await,
     }
 }
 

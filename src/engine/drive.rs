@@ -49,6 +49,21 @@ impl Feed for Engine {
     }
 }
 
+/// Where a run stands, for whoever waits on it while it drives (the node
+/// agent answers the kubelet's publish from it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// No resolution yet.
+    #[default]
+    Starting,
+    /// Not ready: what is still missing (as the timeout message says it).
+    Waiting(Vec<String>),
+    /// A ready tree is written (and served from then on, even when degraded).
+    Published,
+    /// The run ended without a result.
+    Failed(String),
+}
+
 /// What woke the drive loop.
 enum Wake {
     Inputs(Vec<Input>),
@@ -63,8 +78,19 @@ enum Wake {
 pub async fn drive(
     engine: &mut impl Feed,
     reconciler: &mut Reconciler,
+    outputs: Option<&mut Outputs>,
+    fail_on_output_error: bool,
+) -> Result<Resolution, DriveError> {
+    drive_reporting(engine, reconciler, outputs, fail_on_output_error, None).await
+}
+
+/// [`drive`], telling `progress` where the run stands after each step.
+pub async fn drive_reporting(
+    engine: &mut impl Feed,
+    reconciler: &mut Reconciler,
     mut outputs: Option<&mut Outputs>,
     fail_on_output_error: bool,
+    progress: Option<&tokio::sync::watch::Sender<Progress>>,
 ) -> Result<Resolution, DriveError> {
     let mut step = reconciler.start(std::time::Instant::now());
     loop {
@@ -74,6 +100,9 @@ pub async fn drive(
         engine.execute(std::mem::take(&mut step.actions));
         if let Some(out) = outputs.as_deref_mut() {
             out.submit(step.publish.take(), step.transition.take(), reconciler.pod_uid());
+        }
+        if let Some(progress) = progress {
+            report(progress, reconciler, outputs.as_deref());
         }
         if let Some(done) = step.done.take() {
             if let Some(out) = outputs.as_deref_mut()
@@ -122,6 +151,28 @@ pub async fn drive(
             }
         }
     }
+}
+
+/// Tell `progress` where the run stands: published once a ready tree is
+/// written (no write under way, none failed).
+fn report(progress: &tokio::sync::watch::Sender<Progress>, reconciler: &Reconciler, outputs: Option<&Outputs>) {
+    let written = outputs.is_some_and(|o| !o.is_writing() && o.retry_at().is_none());
+    let now = if reconciler.phase().was_ever_ready() {
+        if written || progress.borrow().eq(&Progress::Published) {
+            Progress::Published
+        } else {
+            return;
+        }
+    } else if reconciler.is_unsettled() {
+        return;
+    } else {
+        Progress::Waiting(reconciler.waiting_for())
+    };
+    progress.send_if_modified(|p| {
+        let changed = *p != now;
+        *p = now;
+        changed
+    });
 }
 
 /// Until the write in progress is done (forever without outputs).

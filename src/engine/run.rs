@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use tracing::info;
 
-use crate::engine::drive::{self, DriveError, Feed};
+use kube::Client;
+use tokio::sync::watch;
+
+use crate::engine::PodRef;
+use crate::engine::drive::{self, DriveError, Feed, Progress};
 use crate::engine::file::{FileFeed, FileSource};
 use crate::engine::reconcile::{Action, Input, Mode, Reconciler};
 use crate::engine::source::{Engine, NoCredentials, connect};
@@ -30,7 +34,7 @@ use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
 pub const STOP_WRITE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Where the pod's objects come from.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Source {
     /// A file of objects (`-`: standard input), and which of its pods.
     File { path: PathBuf, pod_name: Option<String> },
@@ -40,6 +44,23 @@ pub enum Source {
         /// None: the kubeconfig context's.
         namespace: Option<String>,
     },
+    /// The API server through a client the caller made (the node agent's,
+    /// with a pod's own token), and the pod.
+    Connected { client: Client, pod: PodRef },
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File { path, pod_name } => {
+                f.debug_struct("File").field("path", path).field("pod_name", pod_name).finish()
+            }
+            Source::Api { pod_name, namespace } => {
+                f.debug_struct("Api").field("pod_name", pod_name).field("namespace", namespace).finish()
+            }
+            Source::Connected { pod, .. } => f.debug_struct("Connected").field("pod", pod).finish_non_exhaustive(),
+        }
+    }
 }
 
 /// How the tree is served.
@@ -119,6 +140,7 @@ pub struct Run {
     reconciler: Reconciler,
     outputs: Option<Outputs>,
     mount_id: Option<u64>,
+    progress: Option<watch::Sender<Progress>>,
 }
 
 impl Run {
@@ -176,8 +198,12 @@ impl Run {
                 let reconciler = Reconciler::new(mode, file.pod, selection, require).fixed(file.shown);
                 (Inputs::File(file.feed), reconciler, Events::none())
             }
-            Source::Api { pod_name, namespace } => {
-                let (client, pod) = connect(pod_name.clone(), namespace.clone()).await?;
+            Source::Api { .. } | Source::Connected { .. } => {
+                let (client, pod) = match source {
+                    Source::Connected { client, pod } => (client.clone(), pod.clone()),
+                    Source::Api { pod_name, namespace } => connect(pod_name.clone(), namespace.clone()).await?,
+                    Source::File { .. } => unreachable!("matched above"),
+                };
                 info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?mode, "resolving");
                 let events = match &publish {
                     Some((_, _, out)) => Events::start(client.clone(), pod.clone(), out.events),
@@ -189,7 +215,7 @@ impl Run {
             }
         };
         let outputs = publish.map(|(publisher, metrics, out)| Outputs::new(publisher, metrics, events, &out.dir));
-        Ok(Run { inputs, reconciler, outputs, mount_id: None })
+        Ok(Run { inputs, reconciler, outputs, mount_id: None, progress: None })
     }
 
     /// The FUSE mount this run serves, by mount id.
@@ -197,11 +223,18 @@ impl Run {
         self.mount_id
     }
 
+    /// Tell `progress` where the run stands as it drives.
+    pub fn report_to(&mut self, progress: watch::Sender<Progress>) {
+        self.progress = Some(progress);
+    }
+
     /// Drive until the run is done: a failed write ends a run that stops at
     /// ready (`init`); one that follows (`serve`) writes again later.
     pub async fn drive(&mut self) -> Result<Resolution, DriveError> {
         let until_ready = self.reconciler.mode() != Mode::Follow;
-        drive::drive(&mut self.inputs, &mut self.reconciler, self.outputs.as_mut(), until_ready).await
+        let progress = self.progress.as_ref();
+        drive::drive_reporting(&mut self.inputs, &mut self.reconciler, self.outputs.as_mut(), until_ready, progress)
+            .await
     }
 
     /// Stop asking for inputs, record why the run failed on the pod, and send the Events.

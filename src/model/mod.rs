@@ -26,7 +26,7 @@ pub mod status_data;
 pub mod tree;
 
 /// Which pod to read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,

@@ -21,7 +21,7 @@ use crate::model::objects::Snapshot;
 use crate::model::status_data::{self, RawData};
 
 /// Which pod claims to resolve; empty means all of them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selection {
     pub claims: Vec<String>,
 }

@@ -306,6 +306,19 @@ impl Node {
         cmd
     }
 
+    /// A command run inside the node's network, mount and PID namespaces: it
+    /// sees the node's /proc (its own /proc/self/mountinfo), as a pod would.
+    pub fn in_node_pid(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        // The PID namespace is unshare's children's (its first child is the
+        // namespace's init), not unshare's own.
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.ns_pid)).unwrap_or_default();
+        let init = children.split_whitespace().next().expect("the node's runner has started").to_string();
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--target={init}")).args(["--net", "--mount", "--pid", "--"]).arg(program);
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.work.join("admin.kubeconfig")
     }
@@ -531,4 +544,30 @@ fn device_classes() -> String {
     })
     .collect::<Vec<_>>()
     .join("\n---\n")
+}
+
+/// Wait until the app's log has a line with `prefix`; that line.
+pub fn log_line(node: &Node, ns: &str, pod: &str, container: &str, prefix: &str) -> String {
+    let mut line = None;
+    let found = super::wait_for(Duration::from_secs(60), || {
+        line = node.logs(ns, pod, container).lines().find(|l| l.starts_with(prefix)).map(str::to_string);
+        line.is_some()
+    });
+    assert!(found, "no {prefix:?} line in {ns}/{pod}/{container}:\n{}", node.logs(ns, pod, container));
+    line.unwrap()
+}
+
+/// What the app reads at `path`, or "" while it is absent.
+pub fn read_in_app(node: &Node, ns: &str, pod: &str, path: &str) -> String {
+    node.exec(ns, pod, "app", &["sh", "-c", &format!("cat {path} 2>/dev/null || true")])
+}
+
+/// Wait until the app reads `want` at `path` (60 s at most), failing with what it read last.
+pub fn wait_read_in_app(node: &Node, ns: &str, pod: &str, path: &str, want: &str) {
+    let mut seen = String::new();
+    let arrived = super::wait_for(Duration::from_secs(60), || {
+        seen = read_in_app(node, ns, pod, path);
+        seen == want
+    });
+    assert!(arrived, "{ns}/{pod}: the app reads {seen:?} at {path}, not {want:?}");
 }

@@ -1,0 +1,23 @@
+//! drafs per node: one agent on each node, a CSI driver for ephemeral inline
+//! volumes. The kubelet publishes a pod's `csi:` volume before any of its
+//! containers start; drafs mounts a tmpfs there and keeps the pod's tree
+//! current in it, as `serve --backend files` would from inside the pod
+//! (docs/node-mode.md).
+//!
+//! Owns: the wire format (`proto`, pure), unary gRPC on a Unix socket
+//! (`grpc`, with `authority`: the fix for the kubelet's registration client), the kubelet's services (`csi`), a publish request checked
+//! (`request`, pure), the mounts (`mounts`, behind a trait) and the published
+//! volumes with their runs (`volumes`).
+//!
+//! May use: `engine` (one run per volume), `publish` and `model`.
+
+pub mod authority;
+pub mod csi;
+pub mod grpc;
+pub mod mounts;
+pub mod proto;
+pub mod request;
+pub mod volumes;
+
+/// The CSI driver's name, unless `--driver-name` says otherwise.
+pub const DEFAULT_DRIVER: &str = "drafs.dev";

@@ -1,0 +1,135 @@
+//! The mounts the node agent makes: a tmpfs at each published target, and
+//! nothing else. Behind a small trait so that the volume bookkeeping is tested
+//! without privileges; the system implementation reads `/proc/self/mountinfo`
+//! to tell its own mounts (a tmpfs drafs made, by its mount source) from
+//! anything else at a path.
+
+use std::io;
+use std::path::Path;
+
+/// The mount source of every tmpfs drafs makes: how a restarted agent (and
+/// an unpublish) knows a mount at a target is its own.
+pub const SOURCE: &str = "drafs-node";
+
+/// The largest tree a volume holds (a tmpfs counts only what is written; two
+/// trees coexist during a swap).
+pub const SIZE: &str = "16m";
+
+/// What is at a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtTarget {
+    Nothing,
+    /// A tmpfs drafs mounted.
+    Ours,
+    /// Someone else's mount: never written to or unmounted.
+    Foreign,
+}
+
+pub trait Mounts: Send + Sync + 'static {
+    /// Mount a fresh tmpfs at `target` (a directory).
+    fn mount_tmpfs(&self, target: &Path) -> io::Result<()>;
+    /// Detach the mount at `target`.
+    fn unmount(&self, target: &Path) -> io::Result<()>;
+    /// What is mounted at `target` (exactly there, not above it).
+    fn at(&self, target: &Path) -> io::Result<AtTarget>;
+}
+
+/// The real mount table.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemMounts;
+
+impl Mounts for SystemMounts {
+    fn mount_tmpfs(&self, target: &Path) -> io::Result<()> {
+        let c = |s: &str| std::ffi::CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let target = c(&target.to_string_lossy())?;
+        let (source, fstype) = (c(SOURCE)?, c("tmpfs")?);
+        let data = c(&format!("size={SIZE},mode=0755"))?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+        let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<()> {
+        let target = std::ffi::CString::new(target.to_string_lossy().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a NUL-terminated path that outlives the call. UMOUNT_NOFOLLOW:
+        // a symlink put at the target is not followed.
+        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn at(&self, target: &Path) -> io::Result<AtTarget> {
+        Ok(at_in(&std::fs::read_to_string("/proc/self/mountinfo")?, target))
+    }
+}
+
+/// What `mountinfo` says is mounted at `target` (the last mount there wins:
+/// it is the one on top).
+pub fn at_in(mountinfo: &str, target: &Path) -> AtTarget {
+    let mut at = AtTarget::Nothing;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
+        let (Some(point), Some(fstype), Some(source)) = (fields.get(4), fields.get(sep + 1), fields.get(sep + 2))
+        else {
+            continue;
+        };
+        if Path::new(&unescape(point)) == target {
+            at = if *fstype == "tmpfs" && *source == SOURCE { AtTarget::Ours } else { AtTarget::Foreign };
+        }
+    }
+    at
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(v) = u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("x"), 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INFO: &str = "\
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw
+90 22 0:50 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra/mount rw,nosuid,nodev,noexec shared:40 - tmpfs drafs-node rw,size=16384k,mode=755
+91 22 0:51 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/other/mount rw shared:41 - tmpfs tmpfs rw
+92 22 0:52 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/sp\\040ace/mount rw shared:42 - tmpfs drafs-node rw
+93 22 0:53 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/over/mount rw shared:43 - tmpfs drafs-node rw
+94 93 0:54 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/over/mount rw shared:44 - fuse.x x rw
+";
+
+    #[test]
+    fn its_own_mounts_are_told_from_others() {
+        let at = |p: &str| at_in(INFO, Path::new(&format!("/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/{p}")));
+        assert_eq!(at("dra/mount"), AtTarget::Ours);
+        assert_eq!(at("other/mount"), AtTarget::Foreign, "a tmpfs someone else made");
+        assert_eq!(at("sp ace/mount"), AtTarget::Ours, "escaped names");
+        assert_eq!(at("over/mount"), AtTarget::Foreign, "what is on top counts");
+        assert_eq!(at("dra"), AtTarget::Nothing, "a path above a mount is not it");
+        assert_eq!(at("none/mount"), AtTarget::Nothing);
+        assert_eq!(at_in("garbage\n\n1 2 3\n", Path::new("/")), AtTarget::Nothing);
+    }
+}

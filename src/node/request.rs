@@ -1,0 +1,278 @@
+//! What a NodePublishVolume asks for, checked before anything is mounted: the
+//! pod (from `podInfoOnMount`), its own service-account token (from the
+//! CSIDriver's `tokenRequests`), the target directory (only a pod volume
+//! directory of this node's kubelet), and the volume's options. Pure: every
+//! refusal is an `InvalidArgument` whose message `kubectl describe pod` shows.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use crate::model::PodRef;
+use crate::model::resolve::Selection;
+use crate::model::tree::RequirePath;
+use crate::node::proto::NodePublishVolumeRequest;
+
+const POD_NAME: &str = "csi.storage.k8s.io/pod.name";
+const POD_NAMESPACE: &str = "csi.storage.k8s.io/pod.namespace";
+const POD_UID: &str = "csi.storage.k8s.io/pod.uid";
+const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
+const TOKENS: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+/// What the kubelet adds besides these (read or not, never an unknown option).
+const KUBELET_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// The volume attributes a pod may set (`volumeAttributes`).
+pub const CLAIMS_OPTION: &str = "claims";
+pub const REQUIRE_OPTION: &str = "require";
+
+/// A publish, checked.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Publish {
+    pub volume_id: String,
+    pub target: PathBuf,
+    pub pod: PodRef,
+    pub pod_uid: String,
+    /// The pod's service-account token, audience the API server's.
+    pub token: String,
+    pub selection: Selection,
+    pub require: Vec<RequirePath>,
+}
+
+impl std::fmt::Debug for Publish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publish")
+            .field("volume_id", &self.volume_id)
+            .field("target", &self.target)
+            .field("pod", &self.pod)
+            .field("pod_uid", &self.pod_uid)
+            .field("selection", &self.selection)
+            .field("require", &self.require)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a publish is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error(
+        "drafs serves CSI ephemeral inline volumes only (a `csi:` volume in the pod's spec), not persistent volumes"
+    )]
+    NotEphemeral,
+    #[error("a drafs volume is a directory of files, not a block device")]
+    Block,
+    #[error("drafs volumes are read-only: set `readOnly: true` on the pod's csi volume")]
+    Writable,
+    #[error("the request does not say which pod ({0} is missing): the CSIDriver {1} needs `podInfoOnMount: true`")]
+    NoPodInfo(&'static str, String),
+    #[error(
+        "the request carries no service-account token for the API server: the CSIDriver {0} needs `tokenRequests: [{{audience: \"\"}}]`"
+    )]
+    NoToken(String),
+    #[error("the service-account tokens the kubelet sent are not valid JSON: {0}")]
+    BadTokens(String),
+    #[error("volume ids and pod names must be non-empty text without control characters or '/'")]
+    BadName,
+    #[error("the target {target} is not a pod volume directory of the kubelet at {kubelet_dir} for pod {uid}")]
+    Target { target: String, kubelet_dir: String, uid: String },
+    #[error(
+        "unknown volume attribute {0:?}: drafs knows `claims` (claim names, comma-separated) and `require` (tree paths, comma-separated)"
+    )]
+    UnknownOption(String),
+    #[error("volume attribute `require`: {0}")]
+    Require(String),
+}
+
+impl Publish {
+    /// Check a publish for the kubelet whose root directory is `kubelet_dir`
+    /// (the CSIDriver is `driver`, named in the messages).
+    pub fn check(req: &NodePublishVolumeRequest, kubelet_dir: &Path, driver: &str) -> Result<Publish, RequestError> {
+        let ctx = &req.volume_context;
+        if ctx.get(EPHEMERAL).map(String::as_str) != Some("true") {
+            return Err(RequestError::NotEphemeral);
+        }
+        if req.block {
+            return Err(RequestError::Block);
+        }
+        if !req.readonly {
+            return Err(RequestError::Writable);
+        }
+        let field = |key: &'static str| {
+            ctx.get(key).filter(|v| !v.is_empty()).cloned().ok_or_else(|| RequestError::NoPodInfo(key, driver.into()))
+        };
+        let pod = PodRef { namespace: field(POD_NAMESPACE)?, name: field(POD_NAME)? };
+        let pod_uid = field(POD_UID)?;
+        for name in [&req.volume_id, &pod.namespace, &pod.name, &pod_uid] {
+            if name.is_empty() || name.len() > 253 || name.chars().any(|c| c.is_control() || c == '/') {
+                return Err(RequestError::BadName);
+            }
+        }
+        let target = check_target(&req.target_path, kubelet_dir, &pod_uid)?;
+        let token = api_token(ctx.get(TOKENS).map(String::as_str), driver)?;
+        let (selection, require) = options(ctx)?;
+        Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require })
+    }
+}
+
+/// The target must be `<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`,
+/// written plainly (no `.`, `..`, or doubled slashes): drafs mounts there.
+fn check_target(target: &str, kubelet_dir: &Path, uid: &str) -> Result<PathBuf, RequestError> {
+    let refused = || RequestError::Target {
+        target: target.into(),
+        kubelet_dir: kubelet_dir.display().to_string(),
+        uid: uid.into(),
+    };
+    let path = Path::new(target);
+    let rest = path.strip_prefix(kubelet_dir.join("pods").join(uid)).map_err(|_| refused())?;
+    let parts: Vec<_> = rest.components().collect();
+    let plain = path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && !target.contains("//")
+        && !target.ends_with('/');
+    match parts.as_slice() {
+        [Component::Normal(v), Component::Normal(csi), Component::Normal(_), Component::Normal(m)]
+            if plain && *v == "volumes" && *csi == "kubernetes.io~csi" && *m == "mount" =>
+        {
+            Ok(path.to_path_buf())
+        }
+        _ => Err(refused()),
+    }
+}
+
+/// The token for the API server's own audience (`""` in `tokenRequests`).
+fn api_token(tokens: Option<&str>, driver: &str) -> Result<String, RequestError> {
+    #[derive(serde::Deserialize)]
+    struct Token {
+        token: String,
+    }
+    let Some(tokens) = tokens else { return Err(RequestError::NoToken(driver.into())) };
+    let tokens: BTreeMap<String, Token> =
+        serde_json::from_str(tokens).map_err(|e| RequestError::BadTokens(e.to_string()))?;
+    tokens
+        .get("")
+        .map(|t| t.token.clone())
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| RequestError::NoToken(driver.into()))
+}
+
+fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath>), RequestError> {
+    let list = |v: &str| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
+    let (mut claims, mut require) = (Vec::new(), Vec::new());
+    for (key, value) in ctx {
+        match key.as_str() {
+            CLAIMS_OPTION => claims = list(value),
+            REQUIRE_OPTION => {
+                require = list(value)
+                    .iter()
+                    .map(|p| p.parse::<RequirePath>().map_err(|e| RequestError::Require(e.to_string())))
+                    .collect::<Result<_, _>>()?
+            }
+            k if k.starts_with(KUBELET_PREFIX) => {}
+            k => return Err(RequestError::UnknownOption(k.into())),
+        }
+    }
+    Ok((Selection { claims }, require))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBELET: &str = "/var/lib/kubelet";
+    const TARGET: &str = "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/dra/mount";
+
+    fn request() -> NodePublishVolumeRequest {
+        let ctx = [
+            (EPHEMERAL, "true"),
+            (POD_NAME, "app"),
+            (POD_NAMESPACE, "team"),
+            (POD_UID, "0a1b"),
+            ("csi.storage.k8s.io/serviceAccount.name", "default"),
+            (TOKENS, r#"{"":{"token":"eyJ.a.b","expirationTimestamp":"2026-12-03T12:00:00Z"},"vault":{"token":"x"}}"#),
+        ];
+        NodePublishVolumeRequest {
+            volume_id: "csi-4f".into(),
+            target_path: TARGET.into(),
+            readonly: true,
+            block: false,
+            volume_context: ctx.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    fn check(req: &NodePublishVolumeRequest) -> Result<Publish, RequestError> {
+        Publish::check(req, Path::new(KUBELET), "drafs.dev")
+    }
+
+    #[test]
+    fn a_pods_publish_is_read() {
+        let p = check(&request()).unwrap();
+        assert_eq!(p.pod, PodRef { namespace: "team".into(), name: "app".into() });
+        assert_eq!((p.pod_uid.as_str(), p.token.as_str()), ("0a1b", "eyJ.a.b"));
+        assert_eq!(p.target, Path::new(TARGET));
+        assert!(p.selection.claims.is_empty() && p.require.is_empty());
+        assert!(!format!("{p:?}").contains("eyJ"), "the token stays out of logs");
+    }
+
+    #[test]
+    fn options_select_claims_and_require_paths() {
+        let mut req = request();
+        req.volume_context.insert("claims".into(), "gpu, nic".into());
+        req.volume_context.insert("require".into(), "gpu/gpu/0/uuid".into());
+        let p = check(&req).unwrap();
+        assert_eq!(p.selection.claims, ["gpu", "nic"]);
+        assert_eq!(p.require, ["gpu/gpu/0/uuid".parse::<RequirePath>().unwrap()]);
+
+        req.volume_context.insert("require".into(), "../etc".into());
+        assert!(matches!(check(&req), Err(RequestError::Require(_))));
+        req.volume_context.remove("require");
+        req.volume_context.insert("dir".into(), "/".into());
+        assert_eq!(check(&req), Err(RequestError::UnknownOption("dir".into())));
+    }
+
+    #[test]
+    fn what_drafs_cannot_serve_is_refused_with_the_fix() {
+        let mut req = request();
+        req.volume_context.remove(EPHEMERAL);
+        assert_eq!(check(&req), Err(RequestError::NotEphemeral));
+        let mut req = request();
+        req.readonly = false;
+        assert_eq!(check(&req), Err(RequestError::Writable));
+        let mut req = request();
+        req.block = true;
+        assert_eq!(check(&req), Err(RequestError::Block));
+        let mut req = request();
+        req.volume_context.remove(POD_UID);
+        assert_eq!(check(&req), Err(RequestError::NoPodInfo(POD_UID, "drafs.dev".into())));
+        let mut req = request();
+        req.volume_context.remove(TOKENS);
+        assert!(check(&req).unwrap_err().to_string().contains("tokenRequests"));
+        let mut req = request();
+        req.volume_context.insert(TOKENS.into(), r#"{"vault":{"token":"x"}}"#.into());
+        assert_eq!(check(&req), Err(RequestError::NoToken("drafs.dev".into())));
+        req.volume_context.insert(TOKENS.into(), "{".into());
+        assert!(matches!(check(&req), Err(RequestError::BadTokens(_))));
+        req.volume_context.insert(TOKENS.into(), r#"{"":{"token":"a\nb"}}"#.into());
+        assert_eq!(check(&req), Err(RequestError::NoToken("drafs.dev".into())), "a token that cannot be a header");
+    }
+
+    #[test]
+    fn only_the_pods_own_volume_directory_is_a_target() {
+        for target in [
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/dra/mount/..",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/../../../../../etc/mount",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/./mount",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/dra//mount",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/dra/mount/",
+            "/var/lib/kubelet/pods/other/volumes/kubernetes.io~csi/dra/mount",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~empty-dir/dra/mount",
+            "/var/lib/kubelet/pods/0a1b/volumes/kubernetes.io~csi/dra/data",
+            "/etc",
+            "relative/pods/0a1b/volumes/kubernetes.io~csi/dra/mount",
+            "",
+        ] {
+            let mut req = request();
+            req.target_path = target.into();
+            assert!(matches!(check(&req), Err(RequestError::Target { .. })), "{target:?} was accepted");
+        }
+        let mut req = request();
+        req.volume_context.insert(POD_UID.into(), "../0a1b".into());
+        assert_eq!(check(&req), Err(RequestError::BadName));
+    }
+}

@@ -1,0 +1,158 @@
+//! drafs per node, on the real node (the real-node tier: tests/realnode.rs
+//! says how the node runs): `drafs node` registers with the real kubelet as a
+//! CSI driver, and a pod that asks with a `csi:` volume, with no drafs
+//! container of its own and at the `restricted` Pod Security level, reads its
+//! device's values from its first instruction on, and sees them change.
+
+mod support;
+
+use std::process::Child;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::node::{self, GPU_DRIVER, NODE_NAME, Node, SHELL_IMAGE, log_line, read_in_app, wait_read_in_app};
+use support::*;
+
+const DRIVER: &str = "drafs.dev";
+
+/// The CSIDriver drafs's chart installs: ephemeral inline volumes, the pod's
+/// identity and its own token on every publish, published again each sync.
+fn csi_driver() -> String {
+    json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": DRIVER},
+        "spec": {
+            "attachRequired": false,
+            "podInfoOnMount": true,
+            "volumeLifecycleModes": ["Ephemeral"],
+            "tokenRequests": [{"audience": ""}],
+            "requiresRepublish": true,
+            "fsGroupPolicy": "None",
+        },
+    })
+    .to_string()
+}
+
+/// `drafs node` on the node, as its DaemonSet would run it; the admin
+/// kubeconfig only says where the API server is: every read is made with the
+/// pod's own token. It runs in the node's PID namespace (nsenter forks it),
+/// so it goes with the node; [`kill_agent`] kills it.
+fn start_agent(node: &Node, log: &str) -> Child {
+    let mut cmd = node.in_node_pid(drafs_bin());
+    cmd.args(["node", "--node-name", NODE_NAME])
+        .env("KUBECONFIG", node.admin_kubeconfig())
+        .env("DRAFS_LOG", "info,drafs=debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(node.work().join(log)).unwrap());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn().unwrap()
+}
+
+/// SIGKILL to the agent and the nsenter that started it (one process group).
+fn kill_agent(mut agent: Child) {
+    // SAFETY: a signal to a process group this test made.
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
+    agent.wait().unwrap();
+}
+
+/// Until the kubelet lists drafs among the node's CSI drivers.
+fn wait_registered(node: &Node) {
+    let registered = wait_for(Duration::from_secs(30), || {
+        node.get_json(&["csinode", NODE_NAME])
+            .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == DRIVER))
+    });
+    assert!(registered, "the kubelet did not register {DRIVER}\n{}", node.diagnostics());
+}
+
+/// A `restricted` pod with a GPU claim and drafs's volume only: its app
+/// prints the GPU's uuid and product name at start.
+fn csi_pod(ns: &str, name: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "serviceAccountName": "drafs",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid) product=$(cat /dra/gpu/gpu/0/productName)\"; exec sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]},
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "dra", "mountPath": "/dra", "readOnly": true}],
+            }],
+            "volumes": [{"name": "dra", "csi": {"driver": DRIVER, "readOnly": true}}],
+        },
+    })
+    .to_string()
+}
+
+/// The mounts drafs made under the kubelet's pod directories.
+fn agent_mounts(node: &Node, uid: &str) -> Vec<String> {
+    node.mountinfo()
+        .lines()
+        .filter(|l| l.contains(" - tmpfs drafs-node ") && l.contains(uid))
+        .map(String::from)
+        .collect()
+}
+
+fn uid_of(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restarts() {
+    let Some(node) = node::shared() else { return };
+    let ns = "csi";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.kubectl_apply(&csi_driver());
+    let agent = start_agent(node, "drafs-node.log");
+    wait_registered(node);
+
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    let pod = node.wait_running(ns, "app");
+    let names: Vec<_> = pod["spec"]["containers"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
+    assert_eq!(names, ["app"], "no drafs container in the pod");
+    assert!(pod["spec"]["initContainers"].is_null(), "no drafs init container either");
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    assert_eq!(driver, GPU_DRIVER);
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    let product = node.slice_attribute(&driver, &device, "productName");
+    // The app's first instruction read the values: published before it started.
+    let line = log_line(node, ns, "app", "app", "uuid=");
+    assert_eq!(line, format!("uuid={uuid} product={product}"));
+    let write = node.kubectl(&["exec", "-n", ns, "app", "-c", "app", "--", "sh", "-c", "echo x > /dra/x"]);
+    assert!(!write.status.success(), "the app cannot write into its tree");
+
+    // Live: the driver changes its GPUs' product name and republishes.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    wait_read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+
+    // The agent killed hard: the tree stays readable; restarted, it takes the
+    // volume over at the kubelet's next publish and follows changes again.
+    kill_agent(agent);
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/uuid"), uuid, "readable while the agent is down");
+    let agent = start_agent(node, "drafs-node-2.log");
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 3)"));
+    let mut seen = String::new();
+    // The kubelet publishes again once per sync (a minute by default).
+    let live = wait_for(Duration::from_secs(150), || {
+        seen = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName");
+        seen == "NVIDIA H200 (rev 3)"
+    });
+    assert!(
+        live,
+        "not live again after the agent's restart: {seen:?}\n{}",
+        std::fs::read_to_string(node.work().join("drafs-node-2.log")).unwrap_or_default()
+    );
+
+    // Deleted: unpublished, unmounted, nothing left.
+    let uid = uid_of(&pod);
+    assert_eq!(agent_mounts(node, &uid).len(), 1, "one tmpfs for the pod's volume");
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "app", "--wait=true", "--timeout=60s"]);
+    let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
+    assert!(gone, "the pod's tmpfs is still mounted: {:?}", agent_mounts(node, &uid));
+    kill_agent(agent);
+}
