@@ -55,12 +55,15 @@ fn kill_agent(mut agent: Child) {
     agent.wait().unwrap();
 }
 
+/// Whether the kubelet lists drafs among the node's CSI drivers.
+fn is_registered(node: &Node) -> bool {
+    node.get_json(&["csinode", NODE_NAME])
+        .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == DRIVER))
+}
+
 /// Until the kubelet lists drafs among the node's CSI drivers.
 fn wait_registered(node: &Node) {
-    let registered = wait_for(Duration::from_secs(30), || {
-        node.get_json(&["csinode", NODE_NAME])
-            .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == DRIVER))
-    });
+    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
     assert!(registered, "the kubelet did not register {DRIVER}\n{}", node.diagnostics());
 }
 
@@ -138,7 +141,7 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
     node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 3)"));
     let mut seen = String::new();
     // The kubelet publishes again once per sync (a minute by default).
-    let live = wait_for(Duration::from_secs(150), || {
+    let live = wait_for(Duration::from_secs(240), || {
         seen = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName");
         seen == "NVIDIA H200 (rev 3)"
     });
@@ -155,4 +158,51 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
     let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
     assert!(gone, "the pod's tmpfs is still mounted: {:?}", agent_mounts(node, &uid));
     kill_agent(agent);
+}
+
+/// The chart's node part (`--set node.enabled=true`), as `helm template`
+/// renders it for the node's image.
+fn chart_node_objects() -> String {
+    let out = std::process::Command::new(support::helm::binary())
+        .args(["template", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system"])
+        .args(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never"])
+        .args(["--set", &format!("image.repository={}", node::DRAFS_IMAGE.split(':').next().unwrap())])
+        .args(["--set", &format!("image.tag={}", node::DRAFS_IMAGE.split(':').nth(1).unwrap())])
+        .args(["--show-only", "templates/node.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template: {}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
+    let Some(node) = node::shared() else { return };
+    node.kubectl_apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}).to_string(),
+    );
+    node.kubectl_apply(&chart_node_objects());
+    let ds = wait_for(Duration::from_secs(90), || {
+        node.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
+            .is_some_and(|d| d["status"]["numberReady"] == 1)
+    });
+    assert!(ds, "the DaemonSet's pod is not ready\n{}", node.kubectl_ok(&["describe", "pods", "-n", "drafs-system"]));
+    let agent_log = || node.kubectl_ok(&["logs", "-n", "drafs-system", "daemonset/drafs-node"]);
+    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
+    assert!(registered, "the kubelet did not register {DRIVER}; the agent's log:\n{}", agent_log());
+
+    let ns = "csi-chart";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    let pod = node.wait_running(ns, "app");
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    assert!(log_line(node, ns, "app", "app", "uuid=").starts_with(&format!("uuid={uuid} ")));
+    // The agent's own account has no token: it read as the pod.
+    let agent = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
+    let agent = &agent["items"][0];
+    assert_eq!(agent["spec"]["automountServiceAccountToken"], false);
+    assert!(!agent.to_string().contains("serviceAccountToken"), "no token projected into the agent");
 }

@@ -79,6 +79,10 @@ pub enum RequestError {
     UnknownOption(String),
     #[error("volume attribute `require`: {0}")]
     Require(String),
+    #[error(
+        "volume attribute `require`: {0} is a value the driver reports when it prepares the device, after the volume is published; it cannot be required at publish time (read it when it appears, or require it in an init container)"
+    )]
+    RequirePrepared(String),
 }
 
 impl Publish {
@@ -162,13 +166,25 @@ fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath
                 require = list(value)
                     .iter()
                     .map(|p| p.parse::<RequirePath>().map_err(|e| RequestError::Require(e.to_string())))
-                    .collect::<Result<_, _>>()?
+                    .collect::<Result<_, _>>()?;
+                if let Some(p) = require.iter().find(|p| known_after_prepare(p)) {
+                    return Err(RequestError::RequirePrepared(p.to_string()));
+                }
             }
             k if k.starts_with(KUBELET_PREFIX) => {}
             k => return Err(RequestError::UnknownOption(k.into())),
         }
     }
     Ok((Selection { claims }, require))
+}
+
+/// Whether a path names a value that exists only once the kubelet prepared
+/// the device (the claim's `status.devices`, the health the kubelet reports):
+/// the kubelet prepares after it publishes, so requiring one would keep the
+/// publish, and so the pod, waiting forever.
+fn known_after_prepare(path: &RequirePath) -> bool {
+    use crate::model::layout::{HEALTH, HEALTH_MESSAGE, STATUS_DIR};
+    path.as_str().split('/').any(|part| part == STATUS_DIR || part == HEALTH || part == HEALTH_MESSAGE)
 }
 
 #[cfg(test)]
@@ -219,6 +235,10 @@ mod tests {
         assert_eq!(p.selection.claims, ["gpu", "nic"]);
         assert_eq!(p.require, ["gpu/gpu/0/uuid".parse::<RequirePath>().unwrap()]);
 
+        for prepared in ["nic/nic/0/.status/interfaceName", "gpu/gpu/0/.health"] {
+            req.volume_context.insert("require".into(), prepared.into());
+            assert_eq!(check(&req), Err(RequestError::RequirePrepared(prepared.into())));
+        }
         req.volume_context.insert("require".into(), "../etc".into());
         assert!(matches!(check(&req), Err(RequestError::Require(_))));
         req.volume_context.remove("require");

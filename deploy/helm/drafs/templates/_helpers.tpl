@@ -88,3 +88,17 @@ matchPolicy: Equivalent
 # The patch is complete in one call; a second finds drafs there and changes nothing.
 reinvocationPolicy: Never
 {{- end -}}
+
+{{- define "drafs.node" -}}{{ include "drafs.fullname" . }}-node{{- end -}}
+
+{{- define "drafs.nodeSelectorLabels" -}}
+app.kubernetes.io/name: drafs-node
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "drafs.nodeLabels" -}}
+{{ include "drafs.nodeSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
