@@ -38,8 +38,13 @@ fn csi_driver() -> String {
 /// pod's own token. It runs in the node's PID namespace (nsenter forks it),
 /// so it goes with the node; [`kill_agent`] kills it.
 fn start_agent(node: &Node, log: &str) -> Child {
+    start_agent_with(node, log, &[])
+}
+
+fn start_agent_with(node: &Node, log: &str, args: &[&str]) -> Child {
     let mut cmd = node.in_node_pid(drafs_bin());
     cmd.args(["node", "--node-name", NODE_NAME])
+        .args(args)
         .env("KUBECONFIG", node.admin_kubeconfig())
         .env("DRAFS_LOG", "info,drafs=debug")
         .stdout(std::process::Stdio::null())
@@ -70,6 +75,10 @@ fn wait_registered(node: &Node) {
 /// A `restricted` pod with a GPU claim and drafs's volume only: its app
 /// prints the GPU's uuid and product name at start.
 fn csi_pod(ns: &str, name: &str) -> String {
+    csi_pod_from(ns, name, "one-gpu")
+}
+
+fn csi_pod_from(ns: &str, name: &str, template: &str) -> String {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns},
@@ -77,7 +86,7 @@ fn csi_pod(ns: &str, name: &str) -> String {
             "terminationGracePeriodSeconds": 2,
             "serviceAccountName": "drafs",
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
             "containers": [{
                 "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
                 "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid) product=$(cat /dra/gpu/gpu/0/productName)\"; exec sleep 3600"],
@@ -200,9 +209,86 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     let (driver, device) = node.allocated(ns, &pod, "gpu");
     let uuid = node.slice_attribute(&driver, &device, "uuid");
     assert!(log_line(node, ns, "app", "app", "uuid=").starts_with(&format!("uuid={uuid} ")));
-    // The agent's own account has no token: it read as the pod.
-    let agent = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
-    let agent = &agent["items"][0];
-    assert_eq!(agent["spec"]["automountServiceAccountToken"], false);
-    assert!(!agent.to_string().contains("serviceAccountToken"), "no token projected into the agent");
+    // The agent's own account may read the slices and nothing else: the
+    // pod and its claims were read as the pod.
+    let can = |verb: &str, what: &str| {
+        let account = "system:serviceaccount:drafs-system:drafs-node";
+        node.kubectl(&["auth", "can-i", verb, what, "--all-namespaces", "--as", account]).status.success()
+    };
+    assert!(can("watch", "resourceslices.resource.k8s.io"));
+    for (verb, what) in [("get", "pods"), ("list", "resourceclaims.resource.k8s.io"), ("get", "secrets")] {
+        assert!(!can(verb, what), "the agent's account may {verb} {what}");
+    }
+}
+
+/// The watches the API server holds open, by resource
+/// (`apiserver_longrunning_requests`).
+fn open_watches(node: &Node) -> std::collections::BTreeMap<String, u64> {
+    let metrics = node.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let mut out = std::collections::BTreeMap::new();
+    for line in
+        metrics.lines().filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+    {
+        let resource = line.split("resource=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+        let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *out.entry(resource.to_string()).or_default() += value as u64;
+    }
+    out
+}
+
+#[test]
+fn thirty_pods_on_the_node_share_one_slice_watch_and_hold_no_watch_once_started() {
+    const PODS: usize = 30;
+    let Some(node) = node::shared() else { return };
+    let ns = "csi-many";
+    node.namespace(ns, Some("restricted"));
+    node.kubectl_apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu-2gi", "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "shared.gpu.nvidia.com",
+                "capacity": {"requests": {"memory": "2Gi"}},
+            }}]}}},
+        })
+        .to_string(),
+    );
+    node.kubectl_apply(&csi_driver());
+    let before = open_watches(node);
+    // Watched for 5 s after its publish, then read again at most once a minute.
+    let agent = start_agent_with(node, "drafs-node.log", &["--watch-for", "5s", "--refresh", "1m"]);
+    wait_registered(node);
+    let pods: Vec<String> = (0..PODS).map(|i| format!("app-{i}")).collect();
+    let all = pods.iter().map(|p| csi_pod_from(ns, p, "gpu-2gi")).collect::<Vec<_>>().join("\n---\n");
+    node.kubectl_apply(&all);
+    for pod in &pods {
+        node.wait_running(ns, pod);
+        assert_eq!(
+            log_line(node, ns, pod, "app", "uuid="),
+            "uuid=GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b product=NVIDIA H200"
+        );
+    }
+    // Once the pods have started, the API server holds no watch for them:
+    // their pods and claims are asked at refreshes; the node's slices are
+    // one watch, the agent's.
+    let count = |w: &std::collections::BTreeMap<String, u64>, r: &str| w.get(r).copied().unwrap_or(0);
+    let mut now = open_watches(node);
+    let settled = wait_for(Duration::from_secs(60), || {
+        now = open_watches(node);
+        count(&now, "resourceclaims") <= count(&before, "resourceclaims")
+            && count(&now, "pods") <= count(&before, "pods")
+    });
+    assert!(settled, "watches before the agent: {before:?}; with {PODS} pods: {now:?}");
+    assert_eq!(count(&now, "resourceslices"), count(&before, "resourceslices") + 1, "before: {before:?}, now: {now:?}");
+
+    // Live through the shared watch: every pod sees the driver's change.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    for pod in &pods {
+        wait_read_in_app(node, ns, pod, "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+    }
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+    let gone =
+        wait_for(Duration::from_secs(60), || node.mountinfo().lines().all(|l| !l.contains(" - tmpfs drafs-node ")));
+    assert!(gone, "tmpfs mounts left after the pods were deleted");
+    kill_agent(agent);
 }

@@ -97,6 +97,14 @@ pub struct NodeArgs {
     /// Where the kubelet looks for plugins to register. Default: <kubelet-dir>/plugins_registry.
     #[arg(long, env = "DRAFS_REGISTRATION_DIR", value_name = "DIR")]
     pub registration_dir: Option<PathBuf>,
+    /// How often a volume's pod and claims are read again once its first two minutes (watched) are
+    /// over, at the kubelet's republish (about once a minute); the node's slices are always watched.
+    #[arg(long, env = "DRAFS_REFRESH", default_value = "5m", value_name = "DURATION", value_parser = parse_duration)]
+    pub refresh: std::time::Duration,
+    /// How long a new volume's pod and claims are watched (what the driver reports when it prepares
+    /// the device comes then) before they are only read again at each refresh.
+    #[arg(long, env = "DRAFS_WATCH_FOR", default_value = "2m", value_name = "DURATION", value_parser = parse_duration)]
+    pub watch_for: std::time::Duration,
 }
 
 /// A CSI driver name: a DNS subdomain of at most 63 characters, as the CSIDriver object's.

@@ -10,10 +10,11 @@ use tracing::info;
 
 use crate::cmd::cli::NodeArgs;
 use crate::cmd::{Failure, Stop};
+use crate::engine::shared::SharedSlices;
 use crate::node::csi::Service;
 use crate::node::grpc;
 use crate::node::mounts::SystemMounts;
-use crate::node::volumes::Volumes;
+use crate::node::volumes::{Timing, Volumes};
 
 #[derive(Debug)]
 pub struct Config {
@@ -23,6 +24,8 @@ pub struct Config {
     pub endpoint: PathBuf,
     /// The registration socket the kubelet finds.
     pub registration: PathBuf,
+    pub refresh: std::time::Duration,
+    pub watch_for: std::time::Duration,
 }
 
 impl Config {
@@ -42,6 +45,8 @@ impl Config {
             driver: args.driver_name.clone(),
             endpoint,
             registration: registration_dir.join(format!("{}-reg.sock", args.driver_name)),
+            refresh: args.refresh,
+            watch_for: args.watch_for,
         })
     }
 }
@@ -54,7 +59,17 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
     let cluster = kube::Config::infer()
         .await
         .map_err(|e| Failure::Usage(format!("cannot find the API server (in-cluster or kubeconfig): {e}")))?;
-    let volumes = Volumes::new(c.kubelet_dir.clone(), cluster, SystemMounts);
+    // The agent's own account reads the node's slices, once for every volume.
+    let own = kube::Client::try_from(cluster.clone())
+        .map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
+    let slices = SharedSlices::new(own);
+    let volumes = Volumes::new(
+        c.kubelet_dir.clone(),
+        cluster,
+        slices,
+        Timing { refresh: c.refresh, watch_for: c.watch_for },
+        SystemMounts,
+    );
     let service = Arc::new(Service {
         driver: c.driver.clone(),
         node_name: c.node_name.clone(),

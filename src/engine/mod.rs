@@ -5,8 +5,9 @@
 //! publications out) and its store (`store`, pure), the I/O half that carries
 //! the actions out against the API server (`source`, `api`), the drive loop
 //! that runs the two together and hands publications to the outputs
-//! (`drive`), the other source, a file of objects (`file`), and one run of
-//! it all for a command (`run`).
+//! (`drive`), the other source, a file of objects (`file`), one run of
+//! it all for a command (`run`), and slices shared by the runs of a process
+//! (`shared`, the node agent's).
 //!
 //! May use: `publish` (the outputs it drives) and `model`.
 
@@ -15,6 +16,7 @@ pub mod drive;
 pub mod file;
 pub mod reconcile;
 pub mod run;
+pub mod shared;
 pub mod source;
 pub mod store;
 

@@ -18,7 +18,8 @@ use crate::engine::PodRef;
 use crate::engine::drive::{self, DriveError, Feed, Progress};
 use crate::engine::file::{FileFeed, FileSource};
 use crate::engine::reconcile::{Action, Input, Mode, Reconciler};
-use crate::engine::source::{Engine, NoCredentials, connect};
+use crate::engine::shared::SharedSlices;
+use crate::engine::source::{Engine, NoCredentials, Polling, connect};
 use crate::model::objects::LoadError;
 use crate::model::resolve::{Resolution, Selection};
 use crate::model::tree::RequirePath;
@@ -45,8 +46,16 @@ pub enum Source {
         namespace: Option<String>,
     },
     /// The API server through a client the caller made (the node agent's,
-    /// with a pod's own token), and the pod.
-    Connected { client: Client, pod: PodRef },
+    /// with a pod's own token), and the pod; slices shared with other runs.
+    Connected { client: Client, pod: PodRef, sharing: Option<Sharing> },
+}
+
+/// What a run of the node agent shares with the others on its node: the
+/// slices, from one hub; and its pod and claims, asked when poked.
+#[derive(Clone)]
+pub struct Sharing {
+    pub slices: Arc<SharedSlices>,
+    pub polling: Polling,
 }
 
 impl std::fmt::Debug for Source {
@@ -199,9 +208,12 @@ impl Run {
                 (Inputs::File(file.feed), reconciler, Events::none())
             }
             Source::Api { .. } | Source::Connected { .. } => {
-                let (client, pod) = match source {
-                    Source::Connected { client, pod } => (client.clone(), pod.clone()),
-                    Source::Api { pod_name, namespace } => connect(pod_name.clone(), namespace.clone()).await?,
+                let (client, pod, sharing) = match source {
+                    Source::Connected { client, pod, sharing } => (client.clone(), pod.clone(), sharing.clone()),
+                    Source::Api { pod_name, namespace } => {
+                        let (client, pod) = connect(pod_name.clone(), namespace.clone()).await?;
+                        (client, pod, None)
+                    }
                     Source::File { .. } => unreachable!("matched above"),
                 };
                 info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?mode, "resolving");
@@ -210,7 +222,10 @@ impl Run {
                     None => Events::none(),
                 };
                 let metrics = publish.as_ref().map(|(_, m, _)| m.clone());
-                let engine = Engine::new(client, pod.clone(), drive::deadline(timeout)).with_metrics(metrics);
+                let mut engine = Engine::new(client, pod.clone(), drive::deadline(timeout)).with_metrics(metrics);
+                if let Some(Sharing { slices, polling }) = sharing {
+                    engine = engine.with_shared_slices(slices).with_polling(polling);
+                }
                 (Inputs::Api(engine), Reconciler::new(mode, pod, selection, require), events)
             }
         };

@@ -33,6 +33,7 @@ use tracing::debug;
 use crate::engine::PodRef;
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
 use crate::engine::reconcile::{Action, Input};
+use crate::engine::shared::{SharedSlices, SliceSet};
 use crate::engine::store::{Item, Scope};
 use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
 use crate::publish::metrics::Metrics;
@@ -64,6 +65,22 @@ pub struct Engine {
     /// Seeds each watch's random timeout: this pod and this process.
     watch_seed: u64,
     watches: u64,
+    /// Slices from a hub shared with other runs, instead of watches of this run's own.
+    shared: Option<Arc<SharedSlices>>,
+    /// The last set of each shared scope this run was given (what its changes are counted from).
+    seen: Arc<std::sync::Mutex<HashMap<Scope, Arc<SliceSet>>>>,
+    polling: Option<Polling>,
+}
+
+/// The pod and its claims asked again when poked, instead of watched, once a
+/// time has passed: the node agent serves many pods, and an open watch costs
+/// the API server about 80 KiB (docs/node-mode.md).
+#[derive(Debug, Clone)]
+pub struct Polling {
+    /// Changes when the pod and its claims should be asked again.
+    pub poke: watch::Receiver<u64>,
+    /// Until then, watched as usual (the values a driver reports at prepare come then).
+    pub live_until: Instant,
 }
 
 impl Drop for Engine {
@@ -91,8 +108,23 @@ impl Engine {
             watch_seed: crate::model::backoff::seed_of(&format!("{}/{}", pod.namespace, pod.name))
                 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
             watches: 0,
+            shared: None,
+            seen: Arc::default(),
+            polling: None,
             pod,
         }
+    }
+
+    /// Take slices from `shared`, the hub of the process, instead of listing and watching them.
+    pub fn with_shared_slices(mut self, shared: Arc<SharedSlices>) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// Ask for the pod and its claims when poked, once the live period is over.
+    pub fn with_polling(mut self, polling: Polling) -> Self {
+        self.polling = Some(polling);
+        self
     }
 
     /// Count API errors and watch restarts into `metrics`.
@@ -132,18 +164,39 @@ impl Engine {
                     }));
                 }
                 Action::List { scope, after } => {
-                    let task = tokio::spawn(list(self.context(scope.clone()), after));
+                    let ctx = self.context(scope.clone());
+                    let task = match &self.shared {
+                        Some(shared) if scope.is_slices() => {
+                            tokio::spawn(shared_list(ctx, shared.subscribe(&scope), self.seen.clone(), after))
+                        }
+                        _ => tokio::spawn(list(ctx, after)),
+                    };
                     self.replace_task(scope, task);
                 }
                 Action::Watch { scope, resource_version, after } => {
+                    let ctx = self.context(scope.clone());
+                    if let Some(shared) = self.shared.as_ref().filter(|_| scope.is_slices()) {
+                        let task = tokio::spawn(shared_watch(ctx, shared.subscribe(&scope), self.seen.clone(), after));
+                        self.replace_task(scope, task);
+                        continue;
+                    }
                     self.watches += 1;
-                    let seconds = crate::model::backoff::watch_timeout(
+                    let mut seconds = crate::model::backoff::watch_timeout(
                         self.watch_seed,
                         self.watches,
                         WATCH_SECONDS_MIN,
                         WATCH_SECONDS_MAX,
                     );
-                    let task = tokio::spawn(watch_scope(self.context(scope.clone()), resource_version, after, seconds));
+                    if let Some(polling) = &self.polling {
+                        let left = polling.live_until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            let task = tokio::spawn(parked_watch(ctx, resource_version, after, polling.poke.clone()));
+                            self.replace_task(scope, task);
+                            continue;
+                        }
+                        seconds = seconds.min(u32::try_from(left.as_secs()).unwrap_or(u32::MAX).max(1));
+                    }
+                    let task = tokio::spawn(watch_scope(ctx, resource_version, after, seconds));
                     self.replace_task(scope, task);
                 }
                 Action::Filter(filter) => {
@@ -393,6 +446,113 @@ async fn read_body(client: &Client, request: http::Request<Vec<u8>>) -> Result<V
 /// Watch a scope from a resource version until the server closes the watch.
 async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duration, seconds: u32) {
     tokio::time::sleep(after).await;
+    watch_from(ctx, resource_version, seconds, Instant::now()).await
+}
+
+/// How long a poll's watch stays open: long enough for the events since the
+/// version to come, short enough to cost the API server nothing after.
+const POLL_SECONDS: u32 = 1;
+
+/// A watch that waits to be poked, then asks for what changed since the
+/// version (a watch the server closes after [`POLL_SECONDS`]). Its `lasted`
+/// counts from the wait's start: a poll is not a watch cut short.
+async fn parked_watch(ctx: ScopeContext, resource_version: String, after: Duration, mut poke: watch::Receiver<u64>) {
+    let started = Instant::now();
+    tokio::time::sleep(after).await;
+    poke.borrow_and_update();
+    if poke.changed().await.is_err() {
+        return;
+    }
+    watch_from(ctx, resource_version, POLL_SECONDS, started).await
+}
+
+/// The slices of a shared scope now, decoded with this run's filter.
+async fn shared_list(
+    mut ctx: ScopeContext,
+    mut sets: watch::Receiver<Arc<SliceSet>>,
+    seen: Arc<std::sync::Mutex<HashMap<Scope, Arc<SliceSet>>>>,
+    after: Duration,
+) {
+    tokio::time::sleep(after).await;
+    let set = match sets.wait_for(|s| s.listed || s.error.is_some()).await {
+        Ok(set) => set.clone(),
+        Err(_) => return,
+    };
+    if !set.listed
+        && let Some(error) = &set.error
+    {
+        return ctx.fail(error.clone()).await;
+    }
+    let filter = ctx.current_filter().await.unwrap_or_default();
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    let mut items = Vec::new();
+    for raw in set.slices.values() {
+        match ctx.decode(raw, &filter, node.as_deref()) {
+            Ok(Some(item)) => items.push(item),
+            Ok(None) => {}
+            Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
+        }
+    }
+    seen.lock().unwrap_or_else(|e| e.into_inner()).insert(ctx.scope.clone(), set.clone());
+    let (scope, resource_version) = (ctx.scope.clone(), set.generation.to_string());
+    let _ = ctx.tx.send(Input::Listed { scope, items, resource_version, decoded_with: Some(filter) }).await;
+}
+
+/// The changes of a shared scope since the set this run saw last, as a watch's events.
+async fn shared_watch(
+    ctx: ScopeContext,
+    mut sets: watch::Receiver<Arc<SliceSet>>,
+    seen: Arc<std::sync::Mutex<HashMap<Scope, Arc<SliceSet>>>>,
+    after: Duration,
+) {
+    tokio::time::sleep(after).await;
+    let node = match &ctx.scope {
+        Scope::NodeSlices(n) => Some(n.clone()),
+        _ => None,
+    };
+    let Some(mut base) = seen.lock().unwrap_or_else(|e| e.into_inner()).get(&ctx.scope).cloned() else {
+        let _ = ctx.tx.send(Input::Expired(ctx.scope.clone())).await;
+        return;
+    };
+    loop {
+        let next = match sets.wait_for(|s| s.listed && s.generation > base.generation).await {
+            Ok(set) => set.clone(),
+            Err(_) => return,
+        };
+        let filter = ctx.filter.borrow().clone().unwrap_or_default();
+        let (changed, removed) = next.changes_since(&base);
+        let mut inputs = Vec::with_capacity(changed.len() + removed.len());
+        for raw in changed {
+            let scope = ctx.scope.clone();
+            match ctx.decode(raw, &filter, node.as_deref()) {
+                Ok(Some(item)) => inputs.push(Input::Applied { scope, item }),
+                // A slice that no longer holds anything wanted: as if deleted.
+                Ok(None) => {
+                    if let Some((name, resource_version)) = object_meta(raw) {
+                        inputs.push(Input::Deleted { scope, name, resource_version });
+                    }
+                }
+                Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
+            }
+        }
+        for name in removed {
+            inputs.push(Input::Deleted { scope: ctx.scope.clone(), name: name.to_string(), resource_version: None });
+        }
+        for input in inputs {
+            if ctx.tx.send(input).await.is_err() {
+                return;
+            }
+        }
+        seen.lock().unwrap_or_else(|e| e.into_inner()).insert(ctx.scope.clone(), next.clone());
+        base = next;
+    }
+}
+
+/// Watch from a version for `seconds`, reporting how long since `started` it lasted.
+async fn watch_from(ctx: ScopeContext, resource_version: String, seconds: u32, started: Instant) {
     let node = match &ctx.scope {
         Scope::NodeSlices(n) => Some(n.clone()),
         _ => None,
@@ -407,7 +567,6 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
         Ok(r) => r,
         Err(e) => return ctx.fail(ctx.malformed("watch", e)).await,
     };
-    let started = Instant::now();
     let mut changes = 0;
     let budget = request_budget(None);
     let stream = match tokio::time::timeout(budget, ctx.client.request_stream(request)).await {

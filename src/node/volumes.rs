@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::Client;
 use tokio::sync::{Mutex, oneshot, watch};
@@ -22,7 +22,9 @@ use tracing::{info, warn};
 
 use crate::engine::drive::Progress;
 use crate::engine::reconcile::Mode;
-use crate::engine::run::{Publishing, Run, Source, TreeBackend};
+use crate::engine::run::{Publishing, Run, Sharing, Source, TreeBackend};
+use crate::engine::shared::SharedSlices;
+use crate::engine::source::Polling;
 use crate::node::grpc::{Code, Status};
 use crate::node::mounts::{AtTarget, Mounts};
 use crate::node::request::Publish;
@@ -39,6 +41,9 @@ struct Volume {
     progress: watch::Receiver<Progress>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// Asks the run to read its pod and claims again.
+    poke: watch::Sender<u64>,
+    poked: Instant,
 }
 
 impl Volume {
@@ -53,19 +58,38 @@ impl Volume {
     }
 }
 
+/// When a volume's run asks for its pod and claims.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// After the first publish, they are watched this long (what a driver
+    /// reports when it prepares the device, and the first health reports, come then);
+    pub watch_for: Duration,
+    /// then asked again at a republish at most this often.
+    pub refresh: Duration,
+}
+
 /// Every published volume of this node, by volume id.
 pub struct Volumes<M: Mounts> {
     kubelet_dir: PathBuf,
     /// The API server (address, CA), without credentials: each run adds its pod's token.
     cluster: kube::Config,
+    /// The node's slices, one watch for every volume (read as the agent).
+    slices: Arc<SharedSlices>,
+    timing: Timing,
     mounts: M,
     published: Mutex<HashMap<String, Volume>>,
 }
 
 impl<M: Mounts> Volumes<M> {
-    pub fn new(kubelet_dir: PathBuf, mut cluster: kube::Config, mounts: M) -> Arc<Self> {
+    pub fn new(
+        kubelet_dir: PathBuf,
+        mut cluster: kube::Config,
+        slices: Arc<SharedSlices>,
+        timing: Timing,
+        mounts: M,
+    ) -> Arc<Self> {
         cluster.auth_info = kube::config::AuthInfo::default();
-        Arc::new(Volumes { kubelet_dir, cluster, mounts, published: Mutex::new(HashMap::new()) })
+        Arc::new(Volumes { kubelet_dir, cluster, slices, timing, mounts, published: Mutex::new(HashMap::new()) })
     }
 
     pub fn kubelet_dir(&self) -> &Path {
@@ -88,7 +112,14 @@ impl<M: Mounts> Volumes<M> {
                     published.insert(p.volume_id.clone(), v);
                     return Err(Status::new(Code::AlreadyExists, format!("volume published already at {target}")));
                 }
-                Some(v) if keep => v,
+                Some(mut v) if keep => {
+                    // A republish: the pod and its claims are asked again once per refresh.
+                    if v.poked.elapsed() >= self.timing.refresh {
+                        v.poke.send_modify(|n| *n += 1);
+                        v.poked = Instant::now();
+                    }
+                    v
+                }
                 old => {
                     if let Some(old) = old {
                         // A new token (or a failed run): the same tree, a new run.
@@ -177,6 +208,9 @@ impl<M: Mounts> Volumes<M> {
             .map_err(|e| Status::new(Code::Internal, format!("cannot make an API client: {e}")))?;
         let (tx, progress) = watch::channel(Progress::Starting);
         let (stop, stopped) = oneshot::channel();
+        let (poke, poked) = watch::channel(0);
+        let polling = Polling { poke: poked, live_until: (Instant::now() + self.timing.watch_for).into() };
+        let sharing = Some(Sharing { slices: self.slices.clone(), polling });
         let publishing = Publishing {
             backend: TreeBackend::Files,
             dir: p.target.clone(),
@@ -186,7 +220,7 @@ impl<M: Mounts> Volumes<M> {
             metrics_addr: None,
             events: EventsMode::Warnings,
         };
-        let source = Source::Connected { client, pod: p.pod.clone() };
+        let source = Source::Connected { client, pod: p.pod.clone(), sharing };
         let (selection, volume) = (p.selection.clone(), p.volume_id.clone());
         let task = tokio::spawn(async move {
             let started = Run::publishing(&source, Mode::Follow, selection, Duration::ZERO, &publishing).await;
@@ -216,7 +250,7 @@ impl<M: Mounts> Volumes<M> {
             run.finish().await;
         });
         info!(volume = %p.volume_id, pod = %format!("{}/{}", p.pod.namespace, p.pod.name), target = %p.target.display(), "publishing");
-        Ok(Volume { publish: p, progress, stop: Some(stop), task })
+        Ok(Volume { publish: p, progress, stop: Some(stop), task, poke, poked: Instant::now() })
     }
 }
 

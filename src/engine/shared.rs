@@ -1,0 +1,307 @@
+//! One list and watch of a scope of slices (the node's, or a driver's
+//! network-attached ones), shared by every run in the process: the node
+//! agent serves many pods on one node, which would otherwise each watch the
+//! same slices. The hub keeps each slice's JSON as the server sent it; each
+//! run decodes only the slices that changed, with its own device filter
+//! (see `source`), so its memory still follows its own devices.
+//!
+//! A run sees the hub as it sees the API server: a list (the slices now), then
+//! changes (what differs from the last set it saw). When the hub's own watch
+//! breaks it lists again and publishes the new set; the runs see the
+//! difference, never the break.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{AsyncBufReadExt, StreamExt};
+use kube::Client;
+use kube::api::{ListParams, WatchParams};
+use kube::core::Request;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
+use crate::engine::source::{REQUEST_TIMEOUT, WATCH_IDLE};
+use crate::engine::store::Scope;
+use crate::model::backoff::RetryBackoff;
+use crate::model::slices::{RawEvent, RawList};
+
+/// Slices per list page (the hub holds them all anyway; pages bound one answer).
+const PAGE_SIZE: u32 = 64;
+
+/// The slices of one scope, as last seen; a new value on every change.
+#[derive(Debug, Default)]
+pub struct SliceSet {
+    /// Counts the sets published.
+    pub generation: u64,
+    /// Listed at least once: the set is complete.
+    pub listed: bool,
+    /// By name, the JSON the API server sent.
+    pub slices: BTreeMap<String, Arc<str>>,
+    /// Why the last list or watch failed, while it keeps failing.
+    pub error: Option<ApiError>,
+}
+
+impl SliceSet {
+    /// What changed from `earlier` to this set: (changed or new, removed).
+    pub fn changes_since<'a>(&'a self, earlier: &'a SliceSet) -> (Vec<&'a Arc<str>>, Vec<&'a str>) {
+        let changed = self
+            .slices
+            .iter()
+            .filter(|(name, raw)| earlier.slices.get(*name).is_none_or(|old| !Arc::ptr_eq(old, raw)))
+            .map(|(_, raw)| raw)
+            .collect();
+        let removed = earlier.slices.keys().filter(|n| !self.slices.contains_key(*n)).map(String::as_str).collect();
+        (changed, removed)
+    }
+}
+
+/// The shared scopes, each followed by one task from its first subscriber on.
+pub struct SharedSlices {
+    client: Client,
+    scopes: Mutex<HashMap<Scope, watch::Receiver<Arc<SliceSet>>>>,
+    /// Lists and watches made, for the node agent's figures.
+    requests: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl SharedSlices {
+    /// Slices read with `client` (the node agent's own account).
+    pub fn new(client: Client) -> Arc<Self> {
+        Arc::new(SharedSlices { client, scopes: Mutex::new(HashMap::new()), requests: Arc::default() })
+    }
+
+    /// The scope's sets, following it from now on if nobody did yet.
+    pub fn subscribe(&self, scope: &Scope) -> watch::Receiver<Arc<SliceSet>> {
+        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        scopes
+            .entry(scope.clone())
+            .or_insert_with(|| {
+                let (tx, rx) = watch::channel(Arc::new(SliceSet::default()));
+                let (client, requests) = (self.client.clone(), self.requests.clone());
+                tokio::spawn(follow(client, scope.clone(), tx, requests));
+                rx
+            })
+            .clone()
+    }
+
+    /// How many scopes are followed (each holds one watch).
+    pub fn followed(&self) -> usize {
+        self.scopes.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Lists and watches started so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// List, then watch, then list again on any trouble, forever (until nobody
+/// listens).
+async fn follow(
+    client: Client,
+    scope: Scope,
+    tx: watch::Sender<Arc<SliceSet>>,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let mut retry = RetryBackoff::default();
+    let mut watches = 0u64;
+    let seed = crate::model::backoff::seed_of(&scope.to_string());
+    while !tx.is_closed() {
+        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (mut slices, mut resource_version) = match list(&client, &scope).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                warn!(%scope, "shared slices: {error}");
+                publish(&tx, |set| set.error = Some(error));
+                tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
+                continue;
+            }
+        };
+        retry.reset();
+        publish(&tx, |set| {
+            set.listed = true;
+            set.error = None;
+            set.slices = std::mem::take(&mut slices);
+        });
+        // Watch from the list's version until it breaks or expires.
+        loop {
+            watches += 1;
+            requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
+            match watch_once(&client, &scope, &resource_version, seconds, &tx).await {
+                Ok(Some(last)) => resource_version = last,
+                Ok(None) => break,
+                Err(error) => {
+                    debug!(%scope, "shared slices: {error}; listing again");
+                    tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Change the current set with `f` and publish the result as a new set.
+fn publish(tx: &watch::Sender<Arc<SliceSet>>, f: impl FnOnce(&mut SliceSet)) {
+    let current = tx.borrow().clone();
+    let mut next = SliceSet {
+        generation: current.generation + 1,
+        listed: current.listed,
+        slices: current.slices.clone(),
+        error: current.error.clone(),
+    };
+    f(&mut next);
+    tx.send_replace(Arc::new(next));
+}
+
+fn url() -> &'static str {
+    "/apis/resource.k8s.io/v1/resourceslices"
+}
+
+fn failed(verb: &'static str, scope: &Scope, message: String) -> ApiError {
+    ApiError::Failed {
+        verb,
+        resource: "resourceslices".into(),
+        scope: format!(" ({})", scope.field_selector()),
+        message,
+        code: None,
+    }
+}
+
+/// Every slice of the scope, and the list's resource version.
+async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<str>>, String), ApiError> {
+    let mut slices = BTreeMap::new();
+    let mut continue_token = None;
+    loop {
+        let params = ListParams {
+            field_selector: Some(scope.field_selector()),
+            limit: Some(PAGE_SIZE),
+            continue_token: continue_token.take(),
+            ..Default::default()
+        };
+        let request = Request::new(url()).list(&params).map_err(|e| failed("list", scope, e.to_string()))?;
+        let body = tokio::time::timeout(REQUEST_TIMEOUT, client.request_text(request))
+            .await
+            .map_err(|_| failed("list", scope, "no answer in time".into()))?
+            .map_err(|e| ApiError::classify(&e, "list", "resourceslices", format!(" ({})", scope.field_selector())))?;
+        let page: RawList =
+            serde_json::from_str(&body).map_err(|e| failed("list", scope, format!("malformed: {e}")))?;
+        for raw in page.items {
+            let name = name_of(raw.get()).ok_or_else(|| failed("list", scope, "a slice without a name".into()))?;
+            slices.insert(name, Arc::from(raw.get()));
+        }
+        continue_token = page.metadata.continue_token.filter(|t| !t.is_empty());
+        if continue_token.is_none() {
+            return Ok((slices, page.metadata.resource_version.unwrap_or_default()));
+        }
+    }
+}
+
+/// One watch: each change published; the last version seen when the server
+/// closed it (None: expired, list again).
+async fn watch_once(
+    client: &Client,
+    scope: &Scope,
+    resource_version: &str,
+    seconds: u32,
+    tx: &watch::Sender<Arc<SliceSet>>,
+) -> Result<Option<String>, ApiError> {
+    let params = WatchParams {
+        field_selector: Some(scope.field_selector()),
+        timeout: Some(seconds),
+        bookmarks: true,
+        ..Default::default()
+    };
+    let request =
+        Request::new(url()).watch(&params, resource_version).map_err(|e| failed("watch", scope, e.to_string()))?;
+    let stream = tokio::time::timeout(REQUEST_TIMEOUT, client.request_stream(request))
+        .await
+        .map_err(|_| failed("watch", scope, "no answer in time".into()))?
+        .map_err(|e| ApiError::classify(&e, "watch", "resourceslices", format!(" ({})", scope.field_selector())))?;
+    let mut lines = std::pin::pin!(stream.lines());
+    let mut last = resource_version.to_string();
+    loop {
+        let line = match tokio::time::timeout(WATCH_IDLE, lines.next()).await {
+            Err(_) => return Err(failed("watch", scope, "silent too long".into())),
+            Ok(None) => return Ok(Some(last)),
+            Ok(Some(Err(e))) => return Err(failed("watch", scope, e.to_string())),
+            Ok(Some(Ok(line))) if line.trim().is_empty() => continue,
+            Ok(Some(Ok(line))) => line,
+        };
+        let event: RawEvent =
+            serde_json::from_str(&line).map_err(|e| failed("watch", scope, format!("malformed: {e}")))?;
+        let object = event.object.get();
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let name = name_of(object).ok_or_else(|| failed("watch", scope, "a slice without a name".into()))?;
+                publish(tx, |set| {
+                    set.slices.insert(name, Arc::from(object));
+                });
+            }
+            "DELETED" => {
+                let name = name_of(object).ok_or_else(|| failed("watch", scope, "a slice without a name".into()))?;
+                publish(tx, |set| {
+                    set.slices.remove(&name);
+                });
+            }
+            "ERROR" => return Ok(None),
+            _ => {}
+        }
+        if let Some(rv) = version_of(object) {
+            last = rv;
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Meta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Object {
+    metadata: Meta,
+}
+
+fn name_of(raw: &str) -> Option<String> {
+    serde_json::from_str::<Object>(raw).ok()?.metadata.name.filter(|n| !n.is_empty())
+}
+
+fn version_of(raw: &str) -> Option<String> {
+    serde_json::from_str::<Object>(raw).ok()?.metadata.resource_version
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(slices: &[(&str, &Arc<str>)]) -> SliceSet {
+        SliceSet {
+            listed: true,
+            slices: slices.iter().map(|(n, r)| (n.to_string(), Arc::clone(r))).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_run_sees_what_changed_since_its_last_set() {
+        let (a, b, b2, c): (Arc<str>, Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "b".into(), "c".into());
+        let before = set(&[("a", &a), ("b", &b)]);
+        let after = set(&[("a", &a), ("b", &b2), ("c", &c)]);
+        let (changed, removed) = after.changes_since(&before);
+        assert_eq!(
+            changed.iter().map(|r| &***r).collect::<Vec<_>>(),
+            ["b", "c"],
+            "b was replaced, even with equal text"
+        );
+        assert!(removed.is_empty());
+        let (changed, removed) = before.changes_since(&after);
+        assert_eq!(changed.len(), 1);
+        assert_eq!(removed, ["c"]);
+        assert_eq!(after.changes_since(&after), (vec![], vec![]));
+    }
+}
