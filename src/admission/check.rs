@@ -650,7 +650,7 @@ pub fn webhook(probe: &Probe, now: i64, warn_days: i64) -> Check {
             Status::Fail,
             "caBundle is empty or holds no PEM certificate: the API server cannot verify the webhook".into(),
         ));
-    } else if let Some((_, not_after)) = crate::admission::webhook::validity(&anchors[0]) {
+    } else if let Some((_, not_after)) = crate::admission::x509::validity(&anchors[0]) {
         let left = (not_after - now).div_euclid(86_400);
         details["ca"] = json!({"notAfter": date(not_after), "daysLeft": left});
         if not_after < now {
@@ -671,7 +671,7 @@ pub fn webhook(probe: &Probe, now: i64, warn_days: i64) -> Check {
         Some(Ok(chain)) if chain.is_empty() => problems.push((Status::Fail, "no certificate served".into())),
         Some(Ok(chain)) => {
             let verified = verify(chain, &anchors, &probe.server_name, now);
-            let not_after = crate::admission::webhook::validity(&chain[0]).map(|(_, a)| a);
+            let not_after = crate::admission::x509::validity(&chain[0]).map(|(_, a)| a);
             let left = not_after.map(|a| (a - now).div_euclid(86_400));
             details["certificate"] = json!({
                 "verified": verified.is_ok(),

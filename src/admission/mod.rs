@@ -15,3 +15,4 @@ pub mod decision;
 pub mod inject;
 pub mod manifests;
 pub mod webhook;
+pub mod x509;
