@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::publish::metrics::Exposition;
+use crate::publish::prometheus::{self, Kind, Text};
 
 /// Counters and the latency histogram of the reviews.
 #[derive(Debug, Default)]
@@ -43,28 +44,23 @@ impl WebhookMetrics {
         }
     }
 
+    /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        let reviews = self.reviews.lock().map(|m| m.clone()).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "# HELP drafs_webhook_reviews_total Admission reviews answered, by verdict.\n# TYPE drafs_webhook_reviews_total counter"
-        );
-        for (verdict, n) in reviews {
-            let _ = writeln!(out, "drafs_webhook_reviews_total{{verdict=\"{verdict}\"}} {n}");
+        let mut out = Text::default();
+        let name = "drafs_webhook_reviews_total";
+        out.family(name, Kind::Counter, "Admission reviews answered, by verdict.");
+        for (verdict, n) in self.reviews.lock().map(|m| m.clone()).unwrap_or_default() {
+            out.sample(name, &[("verdict", verdict)], n);
         }
         let (buckets, count, sum_us) = self.latency.lock().map(|l| *l).unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "# HELP drafs_webhook_review_seconds Time to answer a review, from its request head to its response.\n# TYPE drafs_webhook_review_seconds histogram"
+        out.histogram(
+            "drafs_webhook_review_seconds",
+            "Time to answer a review, from its request head to its response.",
+            &BUCKETS,
+            &buckets,
+            count,
+            sum_us as f64 / 1e6,
         );
-        for (bound, n) in BUCKETS.iter().zip(buckets) {
-            let _ = writeln!(out, "drafs_webhook_review_seconds_bucket{{le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(out, "drafs_webhook_review_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "drafs_webhook_review_seconds_sum {:.6}", sum_us as f64 / 1e6);
-        let _ = writeln!(out, "drafs_webhook_review_seconds_count {count}");
         for (name, help, value) in [
             (
                 "drafs_webhook_cert_reloads_total",
@@ -82,10 +78,9 @@ impl WebhookMetrics {
                 &self.evictions,
             ),
         ] {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
+            out.single(name, Kind::Counter, help, value.load(Ordering::Relaxed));
         }
-        out
+        out.into_text()
     }
 
     /// Whether `/readyz` answers 200: until the drain starts.
@@ -116,7 +111,7 @@ impl WebhookMetrics {
 impl Exposition for WebhookMetrics {
     fn respond(&self, path: &str) -> (u16, &'static str, String) {
         match path {
-            "/metrics" => (200, "text/plain; version=0.0.4", self.render()),
+            "/metrics" => (200, prometheus::CONTENT_TYPE, self.render()),
             "/healthz" => (200, "text/plain", "ok\n".into()),
             "/readyz" if self.is_ready() => (200, "text/plain", "ready\n".into()),
             "/readyz" => (503, "text/plain", "not ready: shutting down\n".into()),
