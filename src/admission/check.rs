@@ -4,7 +4,7 @@
 //! Namespace, the Pod and its Events) and what it measured (the access
 //! reviews, the webhook's answer and served certificate) go in; a report of
 //! one line per check, with a fix where there is one, comes out. The opt-in
-//! rules are the webhook's own (`decision::requested`), the permissions the
+//! rules are the webhook's own (`policy::requested`), the permissions the
 //! ones `drafs manifests rbac` prints (`manifests::grants`).
 
 use std::collections::BTreeMap;
@@ -15,9 +15,9 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::{Value, json};
 
-use crate::admission::decision::{self, INJECT_LABEL, OptIn, Requested};
 use crate::admission::inject::{self, Mode};
 use crate::admission::manifests::Grant;
+use crate::admission::policy::{self, INJECT_LABEL, OptIn, Requested};
 use crate::publish::events::{NOT_READY, READY};
 
 /// The names of drafs's entries in a MutatingWebhookConfiguration (the
@@ -310,10 +310,10 @@ pub fn injection(
             continue;
         }
         let path = entry_path(entry);
-        let Some(opt_in) = decision::opt_in_of_path(&path, namespace_mode) else {
+        let Some(opt_in) = policy::opt_in_of_path(&path, namespace_mode) else {
             return Injection::UnknownPath { entry: entry.name.clone(), path };
         };
-        let requested = decision::requested(pod_labels.get(INJECT_LABEL).map(String::as_str), opt_in);
+        let requested = policy::requested(pod_labels.get(INJECT_LABEL).map(String::as_str), opt_in);
         return Injection::Sent { configuration, entry: entry.name.clone(), requested };
     }
     Injection::NotSent { reasons }
@@ -469,9 +469,9 @@ pub fn pod_injection(
         );
     }
     // Opted out whether or not an entry sends the pod (in an opted-in namespace none does).
-    let opted_out = decision::requested(label.map(String::as_str), OptIn::Pod) == Requested::OptedOut;
+    let opted_out = policy::requested(label.map(String::as_str), OptIn::Pod) == Requested::OptedOut;
     let opted_out_message =
-        || format!("not injected: the pod opted out with label {INJECT_LABEL}={}", decision::DISABLED);
+        || format!("not injected: the pod opted out with label {INJECT_LABEL}={}", policy::DISABLED);
     let (status, message) = match &outcome {
         _ if !asks_for_devices => (
             Status::Fail,

@@ -14,5 +14,7 @@ pub mod contain;
 pub mod decision;
 pub mod inject;
 pub mod manifests;
+pub mod patch;
+pub mod policy;
 pub mod webhook;
 pub mod x509;

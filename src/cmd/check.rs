@@ -279,7 +279,7 @@ async fn namespace_mode(client: &Client, limit: Duration, entries: &[(String, &M
         let from_env =
             || container.env.iter().flatten().find(|e| e.name == "DRAFS_NAMESPACE_MODE").and_then(|e| e.value.clone());
         let text = from_args.or_else(from_env).unwrap_or_else(|| Mode::Init.label().to_string());
-        crate::admission::decision::parse_mode(&text).ok()
+        crate::admission::policy::parse_mode(&text).ok()
     })
 }
 

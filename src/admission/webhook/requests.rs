@@ -15,7 +15,8 @@ use tracing::{debug, info, warn};
 
 use super::{MAX_BODY, REVIEW_TIMEOUT, SMALL_BODY, State};
 use crate::admission::contain::contain;
-use crate::admission::decision::{self as admission, OptIn};
+use crate::admission::decision;
+use crate::admission::policy::OptIn;
 use crate::publish::metrics::Exposition;
 
 /// A large review to decide, with what to do with the answer.
@@ -140,15 +141,15 @@ fn decide(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
     {
         panic!("DRAFS_TEST_PANIC_ON matched this review");
     }
-    match admission::review(body, image, opt_in) {
+    match decision::review(body, image, opt_in) {
         Ok((answer, verdict)) => {
-            if let admission::Verdict::Denied { message } = &verdict {
+            if let decision::Verdict::Denied { message } = &verdict {
                 info!("denied: {message}");
             }
             let bytes = serde_json::to_vec(&answer).expect("a JSON value serializes");
             (StatusCode::OK, "application/json", Bytes::from(bytes), verdict.label())
         }
-        Err(e @ admission::ReviewError::Internal(_)) => {
+        Err(e @ decision::ReviewError::Internal(_)) => {
             warn!("{e}");
             (StatusCode::INTERNAL_SERVER_ERROR, "text/plain", Bytes::from(format!("{e}\n")), "bad_request")
         }
