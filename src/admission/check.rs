@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::core::{Expression, SelectorExt};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::{Value, json};
@@ -172,27 +173,32 @@ fn one_line(text: &str) -> String {
 
 /// Whether `selector` selects `labels`: `Err` names the first requirement
 /// that does not hold. No selector, or an empty one, selects everything.
+///
+/// Each requirement is evaluated by kube-core (`Expression`, the matching
+/// `Selector::matches` runs one expression at a time), in the order the API
+/// server reads them (`matchLabels`, then `matchExpressions`). Not
+/// `Selector::matches` on the whole selector: it answers only yes or no,
+/// and the report says which requirement left the namespace or pod out.
 pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> Result<(), String> {
     let Some(selector) = selector else { return Ok(()) };
     for (key, want) in selector.match_labels.iter().flatten() {
-        match labels.get(key) {
-            Some(have) if have == want => {}
-            Some(have) => return Err(format!("{key}={want} (it is {key}={have})")),
-            None => return Err(format!("{key}={want} (no such label)")),
+        if !Expression::Equal(key.clone(), want.clone()).matches(labels) {
+            return Err(match labels.get(key) {
+                Some(have) => format!("{key}={want} (it is {key}={have})"),
+                None => format!("{key}={want} (no such label)"),
+            });
         }
     }
     for req in selector.match_expressions.iter().flatten() {
         let values = req.values.clone().unwrap_or_default();
-        let have = labels.get(&req.key);
-        let holds = match req.operator.as_str() {
-            "In" => have.is_some_and(|h| values.contains(h)),
-            "NotIn" => have.is_none_or(|h| !values.contains(h)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            other => return Err(format!("{} {other}: not an operator the API server accepts", req.key)),
+        // kube-core refuses `In` and `NotIn` without a list (so does the
+        // API server); as an empty list they select nothing and everything.
+        let requirement = LabelSelectorRequirement { values: Some(values.clone()), ..req.clone() };
+        let Ok(expression) = Expression::try_from(requirement) else {
+            return Err(format!("{} {}: not an operator the API server accepts", req.key, req.operator));
         };
-        if !holds {
-            let it = match have {
+        if !expression.matches(labels) {
+            let it = match labels.get(&req.key) {
                 Some(h) => format!("it is {}={h}", req.key),
                 None => "no such label".to_string(),
             };
@@ -858,7 +864,6 @@ pub fn pod_status(pod: &Value, events: &[Value]) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -925,6 +930,24 @@ mod tests {
             let shown = format!("{} {}", r.key, r.operator);
             assert_eq!(selects(Some(&exprs(vec![r])), &l).is_ok(), want, "{shown}");
         }
+        // Without a list, In selects nothing and NotIn everything (the API
+        // server refuses both; kube-core too, so they are read as empty lists).
+        let no_list = |op: &str| LabelSelectorRequirement { key: "a".into(), operator: op.into(), values: None };
+        assert_eq!(selects(Some(&exprs(vec![no_list("In")])), &l).unwrap_err(), "a In (it is a=1)");
+        assert!(selects(Some(&exprs(vec![no_list("NotIn")])), &l).is_ok());
+        assert_eq!(
+            selects(Some(&exprs(vec![req("a", "Gt", &["0"])])), &l).unwrap_err(),
+            "a Gt: not an operator the API server accepts"
+        );
+        // Empty lists of labels and requirements select everything, no labels included.
+        let empty = LabelSelector { match_labels: Some(BTreeMap::new()), match_expressions: Some(Vec::new()) };
+        assert!(selects(Some(&empty), &l).is_ok() && selects(Some(&empty), &BTreeMap::new()).is_ok());
+        // matchLabels first, then the expressions in their order.
+        let mixed = LabelSelector {
+            match_labels: Some(labels(&[("b", "3")])),
+            match_expressions: Some(vec![req("c", "Exists", &[])]),
+        };
+        assert_eq!(selects(Some(&mixed), &l).unwrap_err(), "b=3 (it is b=2)");
         // All requirements must hold; the message names the first that does not.
         let both = exprs(vec![req("a", "Exists", &[]), req("b", "NotIn", &["2", "3"])]);
         assert_eq!(selects(Some(&both), &l).unwrap_err(), "b NotIn [2, 3] (it is b=2)");
