@@ -17,7 +17,7 @@ mod pod;
 mod rbac;
 mod webhook;
 
-pub use configuration::{ENTRY_NAMES, configuration, drafs_entries, entry_path, selects};
+pub use configuration::{ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_namespace_mode};
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
 pub use pod::{drafs_container, pod_status};
 pub use rbac::rbac;

@@ -16,5 +16,6 @@ pub mod inject;
 pub mod manifests;
 pub mod patch;
 pub mod policy;
+pub mod probe;
 pub mod webhook;
 pub mod x509;

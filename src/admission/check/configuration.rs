@@ -6,11 +6,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use kube::core::{Expression, SelectorExt};
+use kube::core::{Expression, Selector, SelectorExt};
 use serde_json::json;
 
 use super::{Check, Status};
+use crate::admission::inject::Mode;
+use crate::admission::policy;
 
 /// The names of drafs's entries in a MutatingWebhookConfiguration (the
 /// kustomize base and the chart both use them): how `check` finds drafs's
@@ -121,8 +124,40 @@ pub fn configuration(configurations: &[MutatingWebhookConfiguration]) -> Check {
     )
 }
 
+/// The webhook's `--namespace-mode`, as the Deployment that runs it says:
+/// the first of `deployments` whose pods the entries' Service selects
+/// (`service_selector`, matched by kube-core's `Selector`), its container
+/// running `webhook`, the flag as `--namespace-mode=M` or `--namespace-mode
+/// M`, else `DRAFS_NAMESPACE_MODE`, else the default (`init`). `None` when
+/// no Deployment matches, its container is not found, or the mode is not one.
+pub fn webhook_namespace_mode(deployments: &[Deployment], service_selector: &BTreeMap<String, String>) -> Option<Mode> {
+    let selector: Selector = service_selector.clone().into_iter().collect();
+    let deployment = deployments.iter().find(|d| {
+        let labels = d.spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        selector.matches(&labels)
+    })?;
+    let containers = &deployment.spec.template.spec.as_ref()?.containers;
+    containers.iter().find_map(|container| {
+        let args = container.args.clone().unwrap_or_default();
+        if !args.iter().any(|a| a == "webhook") {
+            return None;
+        }
+        let from_args = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--namespace-mode") {
+            Some(rest) if rest.starts_with('=') => Some(rest[1..].to_string()),
+            Some("") => args.get(i + 1).cloned(),
+            _ => None,
+        });
+        let from_env =
+            || container.env.iter().flatten().find(|e| e.name == "DRAFS_NAMESPACE_MODE").and_then(|e| e.value.clone());
+        let text = from_args.or_else(from_env).unwrap_or_else(|| Mode::Init.label().to_string());
+        policy::parse_mode(&text).ok()
+    })
+}
+
 #[cfg(test)]
 pub(super) mod tests {
+    use serde_json::Value;
+
     use super::*;
     use crate::admission::check::tests::labels;
 
@@ -186,5 +221,40 @@ pub(super) mod tests {
         // All requirements must hold; the message names the first that does not.
         let both = exprs(vec![req("a", "Exists", &[]), req("b", "NotIn", &["2", "3"])]);
         assert_eq!(selects(Some(&both), &l).unwrap_err(), "b NotIn [2, 3] (it is b=2)");
+    }
+
+    #[test]
+    fn the_namespace_mode_is_read_from_the_deployment_the_service_selects() {
+        let deployment = |labels: Value, args: Value, env: Value| -> Deployment {
+            serde_json::from_value(json!({"spec": {"selector": {}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "sidecar", "args": ["webhook", "--namespace-mode=sidecar-fuse"]},
+                                        {"name": "drafs", "args": args, "env": env}]}}}}))
+            .unwrap()
+        };
+        let selector = labels(&[("app", "drafs-webhook")]);
+        let ours = json!({"app": "drafs-webhook", "tier": "x"});
+        let mode = |args: Value, env: Value| {
+            let other = deployment(json!({"app": "other"}), json!(["webhook", "--namespace-mode=init"]), json!([]));
+            webhook_namespace_mode(&[other, deployment(ours.clone(), args, env)], &selector)
+        };
+        // The first container running `webhook` in the selected Deployment.
+        assert_eq!(mode(json!(["webhook"]), json!([])), Some(Mode::SidecarFuse));
+        let only = |args: Value, env: Value| {
+            let mut d = deployment(ours.clone(), args, env);
+            d.spec.template.spec.as_mut().unwrap().containers.remove(0);
+            webhook_namespace_mode(&[d], &selector)
+        };
+        assert_eq!(only(json!(["webhook", "--namespace-mode=sidecar-files"]), json!([])), Some(Mode::SidecarFiles));
+        assert_eq!(only(json!(["webhook", "--namespace-mode", "sidecar-fuse"]), json!([])), Some(Mode::SidecarFuse));
+        let env = json!([{"name": "DRAFS_NAMESPACE_MODE", "value": "sidecar-files"}]);
+        assert_eq!(only(json!(["webhook"]), env.clone()), Some(Mode::SidecarFiles));
+        assert_eq!(only(json!(["webhook", "--namespace-mode=init"]), env), Some(Mode::Init), "the flag wins");
+        assert_eq!(only(json!(["webhook"]), json!([])), Some(Mode::Init), "the default");
+        assert_eq!(only(json!(["webhook", "--namespace-mode=nope"]), json!([])), None);
+        assert_eq!(only(json!(["serve"]), json!([])), None);
+        // No Deployment whose pods the Service selects.
+        let d = deployment(json!({"app": "other"}), json!(["webhook"]), json!([]));
+        assert_eq!(webhook_namespace_mode(&[d], &selector), None);
     }
 }
