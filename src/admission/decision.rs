@@ -7,15 +7,16 @@
 //!
 //! A review can be megabytes, so it stays raw text: only the parts of the
 //! pod that `inject` and the options read ([`POD_PARTS`]) become `Value`s,
-//! within [`MAX_TREE`] bytes, and the patch is computed against the raw
-//! text (`patch`).
+//! within [`MAX_TREE`] bytes (`prune`), and the patch is computed against
+//! the raw text (`patch`).
 
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::admission::inject::{self, Outcome};
-use crate::admission::patch::{self, Budget, Keep, Stop, is_object};
+use crate::admission::patch;
 use crate::admission::policy::{INJECT_LABEL, OptIn, Requested, options, requested};
+use crate::admission::prune::{self, Budget, Keep, Stop, is_object};
 
 /// The most memory the parts of one pod that drafs reads may take as
 /// `Value`s (estimated before they are built, see `estimate`). A 3 MB pod of
@@ -157,7 +158,7 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
         return Err(ReviewError::NoObject);
     };
     let mut budget = Budget::new(MAX_TREE);
-    let (pod, raw_members) = match patch::prune_object(object, POD_PARTS, &mut budget) {
+    let (pod, raw_members) = match prune::prune_object(object, POD_PARTS, &mut budget) {
         Ok(pruned) => pruned,
         Err(Stop::TooLarge) => {
             return Ok(Verdict::Denied {

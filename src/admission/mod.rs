@@ -17,5 +17,6 @@ pub mod manifests;
 pub mod patch;
 pub mod policy;
 pub mod probe;
+pub mod prune;
 pub mod webhook;
 pub mod x509;

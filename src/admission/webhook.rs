@@ -3,13 +3,13 @@
 //! The decisions are in [`crate::admission::decision`]; this is the I/O around them: a
 //! TLS listener whose certificate follows its files (cert-manager rotates
 //! them in place, and a renewal that is expired, not yet valid or not for
-//! `--dns-name` is refused: [`tls`]), bounded connections ([`slots`]) and
-//! bodies, `POST /mutate`, `GET /healthz` and `GET /readyz` ([`requests`]),
+//! `--dns-name` is refused: [`tls`]), bounded connections (`slots`) and
+//! bodies, `POST /mutate`, `GET /healthz` and `GET /readyz` (`requests`),
 //! metrics ([`metrics`]), and a drain on shutdown (here, with the accept loop).
 //!
 //! With `failurePolicy: Fail`, a webhook that does not answer stops labelled
 //! pods from being created, so nothing a client does may lock others out:
-//! idle connections make room for new ones ([`Slots`]), a large review is
+//! idle connections make room for new ones (`Slots`), a large review is
 //! read and decided one at a time on a thread of lower priority (small ones
 //! are answered meanwhile), and on SIGTERM the port stays open for the drain.
 
