@@ -178,23 +178,38 @@ impl Metrics {
     }
 }
 
-/// What a metrics endpoint answers: (status, content type, body) for a GET of `path`.
+/// What a metrics endpoint serves: the Prometheus text and the readiness
+/// behind `/readyz`. The endpoints themselves (`/metrics`, `/healthz`,
+/// `/readyz`, their codes and bodies) are [`Exposition::respond`]'s, the
+/// same for `init`/`serve` and the webhook.
 pub trait Exposition: Send + Sync {
-    fn respond(&self, path: &str) -> (u16, &'static str, String);
+    /// The Prometheus text exposition (`GET /metrics`).
+    fn text(&self) -> String;
+
+    /// `None` while ready; why not otherwise (`GET /readyz` answers 503).
+    fn unready_reason(&self) -> Option<String>;
+
+    /// (status, content type, body) for a GET of `path`.
+    fn respond(&self, path: &str) -> (u16, &'static str, String) {
+        match path {
+            "/metrics" => (200, prometheus::CONTENT_TYPE, self.text()),
+            "/healthz" => (200, "text/plain", "ok\n".into()),
+            "/readyz" => match self.unready_reason() {
+                None => (200, "text/plain", "ready\n".into()),
+                Some(reason) => (503, "text/plain", format!("not ready: {reason}\n")),
+            },
+            _ => (404, "text/plain", "not found\n".into()),
+        }
+    }
 }
 
 impl Exposition for Metrics {
-    fn respond(&self, path: &str) -> (u16, &'static str, String) {
-        match path {
-            "/metrics" => (200, prometheus::CONTENT_TYPE, self.render()),
-            "/healthz" => (200, "text/plain", "ok\n".into()),
-            "/readyz" if self.is_ready() => (200, "text/plain", "ready\n".into()),
-            "/readyz" => {
-                let reason = self.not_ready_reason.lock().map(|r| r.clone()).unwrap_or_default();
-                (503, "text/plain", format!("not ready: {reason}\n"))
-            }
-            _ => (404, "text/plain", "not found\n".into()),
-        }
+    fn text(&self) -> String {
+        self.render()
+    }
+
+    fn unready_reason(&self) -> Option<String> {
+        (!self.is_ready()).then(|| self.not_ready_reason.lock().map(|r| r.clone()).unwrap_or_default())
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::publish::metrics::Exposition;
-use crate::publish::prometheus::{self, Kind, Text};
+use crate::publish::prometheus::{Kind, Text};
 
 /// Counters and the latency histogram of the reviews.
 #[derive(Debug, Default)]
@@ -109,13 +109,11 @@ impl WebhookMetrics {
 }
 
 impl Exposition for WebhookMetrics {
-    fn respond(&self, path: &str) -> (u16, &'static str, String) {
-        match path {
-            "/metrics" => (200, prometheus::CONTENT_TYPE, self.render()),
-            "/healthz" => (200, "text/plain", "ok\n".into()),
-            "/readyz" if self.is_ready() => (200, "text/plain", "ready\n".into()),
-            "/readyz" => (503, "text/plain", "not ready: shutting down\n".into()),
-            _ => (404, "text/plain", "not found\n".into()),
-        }
+    fn text(&self) -> String {
+        self.render()
+    }
+
+    fn unready_reason(&self) -> Option<String> {
+        (!self.is_ready()).then(|| "shutting down".to_string())
     }
 }
