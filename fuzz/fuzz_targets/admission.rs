@@ -8,7 +8,8 @@
 //! which `inject` then leaves as it is.
 #![no_main]
 
-use drafs::admission::decision::{self, INJECT_LABEL, OptIn, Verdict};
+use drafs::admission::decision::{self, Verdict};
+use drafs::admission::policy::{self, INJECT_LABEL, OptIn};
 use drafs::admission::inject::{self, Mode, Outcome};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -67,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
         }
         labelled["metadata"]["labels"][INJECT_LABEL] = mode.label().into();
     }
-    let opts = decision::options_of(&labelled, IMAGE).expect("a patched pod has valid options");
+    let opts = policy::options_of(&labelled, IMAGE).expect("a patched pod has valid options");
     let mut injected = pod.clone();
     injected["kind"] = "Pod".into();
     inject::inject_value(&mut injected, &opts, &mut Vec::new()).expect("inject accepts a pod the webhook patched");

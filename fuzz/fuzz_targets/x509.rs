@@ -1,9 +1,8 @@
 //! Any certificate bytes `drafs check` could be served or find in a caBundle:
 //! the webhook check, which reads a certificate's validity period with the
-//! webhook's own DER date parser (`admission::webhook::validity`, UTCTime and
-//! GeneralizedTime; crate-private, so reached through `check::webhook`), never
-//! panics, and reads the same expiry from the bytes as the served leaf and as
-//! the caBundle's PEM.
+//! webhook's own DER date parser (`admission::x509::validity`, UTCTime and
+//! GeneralizedTime), never panics, and reads the same expiry from the bytes
+//! as the served leaf and as the caBundle's PEM.
 #![no_main]
 
 use drafs::admission::check::{Probe, Reach, webhook};

@@ -1,37 +1,22 @@
 //! What `drafs webhook` answers: an AdmissionReview in, an AdmissionReview out.
 //!
-//! Pure, like `inject` (whose code path it shares): the pod's label
-//! `drafs.dev/inject` picks the mode, its annotations the options, and the
-//! answer carries a JSONPatch that turns the pod into what `drafs inject` would
+//! Pure, like `inject` (whose code path it shares): the rules of `policy`
+//! say whether the pod gets drafs and with which options, and the answer
+//! carries a JSONPatch that turns the pod into what `drafs inject` would
 //! have printed. Nothing here calls the API server.
 //!
-//! A review can be megabytes (the API server sends the whole pod, defaults
-//! filled in), and a `serde_json::Value` takes 10 to 90 times the bytes of its
-//! JSON. So the review stays raw text: only the parts of the pod that `inject`
-//! and the options read (`POD_PARTS`) become `Value`s, within [`MAX_TREE`] bytes,
-//! and the patch is computed against the raw text, one operation per field
-//! set and per array element added or removed, so it stays small whatever the
-//! pod's size.
+//! A review can be megabytes, so it stays raw text: only the parts of the
+//! pod that `inject` and the options read ([`POD_PARTS`]) become `Value`s,
+//! within [`MAX_TREE`] bytes (`prune`), and the patch is computed against
+//! the raw text (`patch`).
 
-use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
-
-use serde::de::{self, Deserializer as _, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::admission::inject::{self, Mode, Options, Outcome};
-use crate::model::tree::RequirePath;
-
-/// The label that opts a pod in; the webhook configuration selects on it.
-pub const INJECT_LABEL: &str = "drafs.dev/inject";
-/// Per-pod options, as annotations.
-pub const DIR_ANNOTATION: &str = "drafs.dev/dir";
-pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
-pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
-pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
-pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
-pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
+use crate::admission::inject::{self, Outcome};
+use crate::admission::patch;
+use crate::admission::policy::{INJECT_LABEL, OptIn, Requested, options, requested};
+use crate::admission::prune::{self, Budget, Keep, Stop, is_object};
 
 /// The most memory the parts of one pod that drafs reads may take as
 /// `Value`s (estimated before they are built, see `estimate`). A 3 MB pod of
@@ -41,7 +26,6 @@ pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
 pub const MAX_TREE: usize = 24 << 20;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
-const MODES: &str = "init, sidecar-fuse or sidecar-files";
 
 /// A request that is not an AdmissionReview drafs can answer (HTTP 400), or a
 /// patch drafs could not compute (HTTP 500).
@@ -120,29 +104,6 @@ fn string(raw: Option<&RawValue>) -> Option<String> {
     raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
 }
 
-fn is_object(raw: &RawValue) -> bool {
-    raw.get().starts_with('{')
-}
-
-fn is_array(raw: &RawValue) -> bool {
-    raw.get().starts_with('[')
-}
-
-/// Why the API server sent the pod (which webhook entry matched).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptIn {
-    /// The pod is labelled `drafs.dev/inject` (`POST /mutate`).
-    Pod,
-    /// The pod's namespace is labelled `drafs.dev/inject=enabled`
-    /// (`POST /mutate/namespace`): a pod without the label gets this mode,
-    /// and one that asks for no device (no resource claim, no extended
-    /// resource) is admitted unchanged, silently.
-    Namespace(Mode),
-}
-
-/// The label value that opts a pod out, whatever its namespace says.
-pub const DISABLED: &str = "disabled";
-
 /// Answer one AdmissionReview (the request body) with another (the response body).
 pub fn review(body: &[u8], image: &str, opt_in: OptIn) -> Result<(Value, Verdict), ReviewError> {
     let not_a_review = |e: serde_json::Error| match e.classify() {
@@ -196,8 +157,8 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
     let Some(object) = request.object.filter(|o| is_object(o)) else {
         return Err(ReviewError::NoObject);
     };
-    let mut budget = Budget { used: 0, max: MAX_TREE };
-    let (pod, raw_members) = match prune_object(object, POD_PARTS, &mut budget) {
+    let mut budget = Budget::new(MAX_TREE);
+    let (pod, raw_members) = match prune::prune_object(object, POD_PARTS, &mut budget) {
         Ok(pruned) => pruned,
         Err(Stop::TooLarge) => {
             return Ok(Verdict::Denied {
@@ -249,149 +210,22 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
     // Injection only changes the spec (an object, or inject would not have run).
     let old_spec = raw_members.iter().rev().find(|(k, _)| k == "spec").map(|(_, raw)| *raw);
     if let (Some(old_spec), Some(new_spec)) = (old_spec, patched.get("spec")) {
-        diff(old_spec, new_spec, "/spec", &mut ops).map_err(|e| ReviewError::Internal(e.to_string()))?;
+        patch::diff(old_spec, new_spec, "/spec", &mut ops).map_err(|e| ReviewError::Internal(e.to_string()))?;
     }
     let patch = serde_json::to_string(&ops).map_err(|e| ReviewError::Internal(e.to_string()))?;
     Ok(Verdict::Patched { patch, warnings })
 }
 
-/// What a pod's `drafs.dev/inject` label and the configuration entry that
-/// sent it (the webhook's path) ask for: the opt-in and opt-out rules, for
-/// the webhook and for `drafs check`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requested {
-    /// No drafs: admitted unchanged (no label, sent for the label).
-    Nothing,
-    /// `drafs.dev/inject=disabled`, whatever the namespace says.
-    OptedOut,
-    /// drafs in this mode; `Err`: the label names no mode (the pod is denied, with this message).
-    Mode(Result<Mode, String>),
-}
-
-/// The pod's label wins: `disabled` opts out, any other value is the mode;
-/// a pod without it gets the namespace's mode when its namespace opted in.
-pub fn requested(label: Option<&str>, opt_in: OptIn) -> Requested {
-    match (label, opt_in) {
-        (Some(DISABLED), _) => Requested::OptedOut,
-        (Some(label), _) => Requested::Mode(parse_mode(label)),
-        (None, OptIn::Namespace(mode)) => Requested::Mode(Ok(mode)),
-        (None, OptIn::Pod) => Requested::Nothing,
-    }
-}
-
-/// The mode a `drafs.dev/inject` label names, or a message listing the valid ones.
-pub fn parse_mode(label: &str) -> Result<Mode, String> {
-    match label {
-        "init" => Ok(Mode::Init),
-        "sidecar-fuse" => Ok(Mode::SidecarFuse),
-        "sidecar-files" => Ok(Mode::SidecarFiles),
-        other => Err(format!("label {INJECT_LABEL}: {other:?} is not a drafs mode; use {MODES}")),
-    }
-}
-
-/// Which entry of the webhook configuration sent a review, by the path it
-/// posts to (`drafs webhook` answers these two; any other is a 404).
-pub fn opt_in_of_path(path: &str, namespace_mode: Mode) -> Option<OptIn> {
-    match path {
-        "/mutate" => Some(OptIn::Pod),
-        "/mutate/namespace" => Some(OptIn::Namespace(namespace_mode)),
-        _ => None,
-    }
-}
-
-/// The injection options a labelled pod asks for (as [`review`] reads them;
-/// for the fuzz target).
-#[doc(hidden)]
-pub fn options_of(pod: &Value, image: &str) -> Result<Options, String> {
-    let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).ok_or("no drafs.dev/inject label")?;
-    options(pod, parse_mode(label.as_str().unwrap_or_default())?, image)
-}
-
-/// The injection options a pod asks for, or a message naming what is wrong.
-fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, String> {
-    let annotation = |key: &str| pod.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
-    let mut opts = Options::new(mode, image);
-    if let Some(dir) = annotation(DIR_ANNOTATION) {
-        inject::check_container_path(dir)
-            .map_err(|p| format!("annotation {DIR_ANNOTATION}: {dir:?} {p} (a container path for the tree)"))?;
-        opts.dir = dir.to_string();
-    }
-    if let Some(dir) = annotation(METADATA_DIR_ANNOTATION) {
-        inject::check_metadata_dir(dir, &opts.dir).map_err(|p| {
-            format!(
-                "annotation {METADATA_DIR_ANNOTATION}: {dir:?} {p} (a container path for the standard view, e.g. /var/run/kubernetes.io/dra-device-attributes)"
-            )
-        })?;
-        opts.metadata_dir = Some(dir.to_string());
-    }
-    if let Some(list) = annotation(METADATA_FROM_DRIVERS_ANNOTATION) {
-        if opts.metadata_dir.is_none() {
-            return Err(format!(
-                "annotation {METADATA_FROM_DRIVERS_ANNOTATION} needs {METADATA_DIR_ANNOTATION} (the standard view it applies to)"
-            ));
-        }
-        opts.metadata_from_drivers = list
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .map(|d| {
-                crate::model::names::parse_driver_name(d)
-                    .map_err(|e| format!("annotation {METADATA_FROM_DRIVERS_ANNOTATION}: {e} (comma-separated)"))
-            })
-            .collect::<Result<_, _>>()?;
-    }
-    if let Some(list) = annotation(REQUIRE_ANNOTATION) {
-        opts.require = list
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                p.parse::<RequirePath>().map_err(|_| {
-                    format!("annotation {REQUIRE_ANNOTATION}: {p:?} is not CLAIM/REQUEST/INDEX/ATTRIBUTE (comma-separated, e.g. gpu/gpu/0/uuid)")
-                })
-            })
-            .collect::<Result<_, _>>()?;
-    }
-    if let Some(text) = annotation(TIMEOUT_ANNOTATION) {
-        let timeout: Duration = crate::model::names::parse_duration(text)
-            .map_err(|e| format!("annotation {TIMEOUT_ANNOTATION}: {e} (e.g. 90s, 5m, 1h; 0 for no limit)"))?;
-        opts.timeout = Some(timeout);
-    }
-    match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
-        None | Some("false") => {}
-        Some("true") if mode != Mode::Init => opts.ready_when_healthy = true,
-        Some("true") => {
-            return Err(format!(
-                "annotation {READY_WHEN_HEALTHY_ANNOTATION} needs a sidecar mode (an init container has no readiness)"
-            ));
-        }
-        Some(other) => {
-            return Err(format!("annotation {READY_WHEN_HEALTHY_ANNOTATION}: {other:?} is not true or false"));
-        }
-    }
-    Ok(opts)
-}
-
 // ---------------------------------------------------------------------------
 // The pod as far as drafs reads it.
 
-/// Which part of a JSON value to turn into a `Value`.
-enum Keep {
-    /// All of it.
-    Whole,
-    /// An object: these members (each kept as said), no others.
-    Fields(&'static [(&'static str, Keep)]),
-    /// An array of objects: every element, each kept as said.
-    Items(&'static Keep),
-}
-
-/// What `inject::inject_value` and [`options`] read of a pod's members, and where
-/// injection writes. `inject` sets members and adds or removes array
+/// What `inject::inject_value` and the options (`policy::options`) read of a
+/// pod's members, and where injection writes. `inject` sets members and adds or removes array
 /// elements, and never removes a member: members left out here are neither
 /// read nor changed, and the patch leaves them as they are. (A change to
 /// `inject` that reads more must add it here: the tests compare the patched
 /// pod with `inject` on the whole pod.)
-const POD_PARTS: &[(&str, Keep)] = &[
+pub const POD_PARTS: &[(&str, Keep)] = &[
     ("apiVersion", Keep::Whole),
     ("kind", Keep::Whole),
     (
@@ -425,481 +259,12 @@ const CONTAINER: Keep = Keep::Fields(&[
     ("resources", Keep::Fields(&[("claims", Keep::Whole), ("limits", Keep::Whole), ("requests", Keep::Whole)])),
 ]);
 
-/// Marks an object built from a pod's object with only some of its members
-/// (`inject` never reads it, it never reaches a patch).
-const PRUNED: &str = "\u{0}drafs-pruned";
-/// Marks an array element built from the pod's element at this index, so
-/// the patch can tell it from one `inject` added.
-const INDEX: &str = "\u{0}drafs-index";
-
-fn is_marker(key: &str) -> bool {
-    key == PRUNED || key == INDEX
-}
-
-/// Why a pod was not pruned or diffed.
-#[derive(Debug)]
-enum Stop {
-    TooLarge,
-    /// An array to walk holds something else than objects (kept whole instead).
-    NotObjects,
-    Internal(String),
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::TooLarge => write!(f, "over the memory bound"),
-            Stop::NotObjects => write!(f, "not an array of objects"),
-            Stop::Internal(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<serde_json::Error> for Stop {
-    fn from(e: serde_json::Error) -> Self {
-        Stop::Internal(e.to_string())
-    }
-}
-
-/// Bytes of `Value`s built so far, against a bound.
-struct Budget {
-    used: usize,
-    max: usize,
-}
-
-impl Budget {
-    fn charge(&mut self, bytes: usize) -> Result<(), Stop> {
-        self.used = self.used.saturating_add(bytes);
-        if self.used > self.max { Err(Stop::TooLarge) } else { Ok(()) }
-    }
-}
-
-// What serde_json's `Value` (with `preserve_order`) takes, as resident
-// memory: a value's slot is 72 bytes in an array, an object member's 112 (its value included) plus its key
-// and its place in the index; a small object's first allocations hold three
-// members (~400 bytes), a small array's four elements (~300); a string its
-// length rounded up, and a header. A growing vector is reallocated, so a
-// large array's slots count 1.5 times. Checked against a counting allocator and
-// VmHWM (tests below, benches/webhook.rs).
-const VALUE: usize = 112;
-const ENTRY: usize = 160;
-const OBJECT: usize = 256;
-const ARRAY: usize = 224;
-const STRING: usize = 32;
-
-/// About how many bytes the JSON text `raw` takes as a `Value`, its own slot
-/// (paid by its parent) aside: an upper estimate for the shapes measured,
-/// computed without allocating.
-fn estimate(raw: &str) -> usize {
-    let json = raw.as_bytes();
-    let mut total = 0usize;
-    // A member's value lives in the member's slot, already counted; so does the root.
-    let mut slot_paid = true;
-    let slot = |paid: &mut bool| if std::mem::take(paid) { 0 } else { VALUE };
-    let mut i = 0;
-    while i < json.len() {
-        match json[i] {
-            b'"' => {
-                let start = i + 1;
-                i += 1;
-                while i < json.len() && json[i] != b'"' {
-                    i += if json[i] == b'\\' { 2 } else { 1 };
-                }
-                let len = i.saturating_sub(start);
-                i += 1;
-                let mut next = i;
-                while next < json.len() && json[next].is_ascii_whitespace() {
-                    next += 1;
-                }
-                if json.get(next) == Some(&b':') {
-                    total = total.saturating_add(ENTRY + STRING + len);
-                    slot_paid = true;
-                } else {
-                    total = total.saturating_add(slot(&mut slot_paid) + STRING + len);
-                }
-            }
-            b'{' => {
-                total = total.saturating_add(slot(&mut slot_paid) + OBJECT);
-                i += 1;
-            }
-            b'[' => {
-                total = total.saturating_add(slot(&mut slot_paid) + ARRAY);
-                i += 1;
-            }
-            b'}' | b']' | b',' | b':' | b' ' | b'\t' | b'\n' | b'\r' => i += 1,
-            _ => {
-                total = total.saturating_add(slot(&mut slot_paid));
-                while i < json.len() && !matches!(json[i], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
-                    i += 1;
-                }
-            }
-        }
-    }
-    total
-}
-
-/// The part of `raw` that `keep` asks for, as a `Value`, charged to `budget`
-/// (all but its own slot, which its parent pays).
-/// Objects built from some of their members are marked [`PRUNED`], elements
-/// of walked arrays [`INDEX`]. What does not have the shape `keep` expects
-/// (a container that is not an object...) is kept whole.
-fn prune(raw: &RawValue, keep: &Keep, budget: &mut Budget) -> Result<Value, Stop> {
-    match keep {
-        Keep::Fields(fields) if is_object(raw) => Ok(prune_object(raw, fields, budget)?.0),
-        Keep::Items(item) if is_array(raw) => {
-            let before = budget.used;
-            budget.charge(ARRAY)?;
-            let mut items = Vec::new();
-            let walked = for_each_element(raw, |index, element| {
-                if !is_object(element) {
-                    return Err(Stop::NotObjects);
-                }
-                budget.charge(VALUE + ENTRY + STRING + INDEX.len())?;
-                let mut value = prune(element, item, budget)?;
-                if let Some(map) = value.as_object_mut() {
-                    map.insert(INDEX.into(), Value::from(index));
-                }
-                items.push(value);
-                Ok(())
-            });
-            match walked {
-                Ok(()) => Ok(Value::Array(items)),
-                Err(Stop::NotObjects) => {
-                    drop(items);
-                    budget.used = before;
-                    prune(raw, &Keep::Whole, budget)
-                }
-                Err(stop) => Err(stop),
-            }
-        }
-        _ => {
-            budget.charge(estimate(raw.get()))?;
-            Ok(serde_json::from_str(raw.get())?)
-        }
-    }
-}
-
-/// [`prune`] of an object to `fields`, marked [`PRUNED`], and the raw JSON
-/// of the members kept.
-fn prune_object<'a>(
-    raw: &'a RawValue,
-    fields: &[(&str, Keep)],
-    budget: &mut Budget,
-) -> Result<(Value, Members<'a>), Stop> {
-    budget.charge(OBJECT + ENTRY + STRING + PRUNED.len())?;
-    let mut map = Map::new();
-    let mut kept = Vec::new();
-    for_each_member(raw, |key, value| {
-        if let Some((_, keep)) = fields.iter().find(|(name, _)| *name == key) {
-            budget.charge(ENTRY + STRING + key.len())?;
-            map.insert(key.to_string(), prune(value, keep, budget)?);
-            kept.push((key.to_string(), value));
-        }
-        Ok(())
-    })?;
-    map.insert(PRUNED.into(), Value::Bool(true));
-    Ok((Value::Object(map), kept))
-}
-
-/// Members of a raw JSON object, and elements of a raw array with their index.
-type Members<'a> = Vec<(String, &'a RawValue)>;
-type Elements<'a> = Vec<(usize, &'a RawValue)>;
-
-/// Call `f` with each member of the raw JSON object `raw`, in order; nothing
-/// is built but each (short-lived) key.
-fn for_each_member<'a>(raw: &'a RawValue, f: impl FnMut(&str, &'a RawValue) -> Result<(), Stop>) -> Result<(), Stop> {
-    struct Members<'a, F>(F, &'a mut Option<Stop>);
-    impl<'de, F: FnMut(&str, &'de RawValue) -> Result<(), Stop>> Visitor<'de> for Members<'_, F> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                let value: &'de RawValue = map.next_value()?;
-                if let Err(stop) = (self.0)(&key, value) {
-                    *self.1 = Some(stop);
-                    return Err(de::Error::custom("stopped"));
-                }
-            }
-            Ok(())
-        }
-    }
-    let mut stopped = None;
-    let result = serde_json::Deserializer::from_str(raw.get()).deserialize_map(Members(f, &mut stopped));
-    match (stopped, result) {
-        (Some(stop), _) => Err(stop),
-        (None, result) => Ok(result?),
-    }
-}
-
-/// Call `f` with each element of the raw JSON array `raw` and its index.
-fn for_each_element<'a>(raw: &'a RawValue, f: impl FnMut(usize, &'a RawValue) -> Result<(), Stop>) -> Result<(), Stop> {
-    struct Elements<'a, F>(F, &'a mut Option<Stop>);
-    impl<'de, F: FnMut(usize, &'de RawValue) -> Result<(), Stop>> Visitor<'de> for Elements<'_, F> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an array")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-            let mut index = 0;
-            while let Some(element) = seq.next_element::<&'de RawValue>()? {
-                if let Err(stop) = (self.0)(index, element) {
-                    *self.1 = Some(stop);
-                    return Err(de::Error::custom("stopped"));
-                }
-                index += 1;
-            }
-            Ok(())
-        }
-    }
-    let mut stopped = None;
-    let result = serde_json::Deserializer::from_str(raw.get()).deserialize_seq(Elements(f, &mut stopped));
-    match (stopped, result) {
-        (Some(stop), _) => Err(stop),
-        (None, result) => Ok(result?),
-    }
-}
-
-/// The members of the raw object `raw` whose keys `wanted` picks, and how
-/// many members it has (only the picked ones are kept).
-fn members(raw: &RawValue, wanted: impl Fn(&str) -> bool) -> Result<(Members<'_>, usize), Stop> {
-    let (mut found, mut count) = (Vec::new(), 0);
-    for_each_member(raw, |key, value| {
-        count += 1;
-        if wanted(key) {
-            found.push((key.to_string(), value));
-        }
-        Ok(())
-    })?;
-    Ok((found, count))
-}
-
-/// The elements of the raw array `raw` whose indices `wanted` picks, and
-/// its length.
-fn elements(raw: &RawValue, wanted: impl Fn(usize) -> bool) -> Result<(Elements<'_>, usize), Stop> {
-    let (mut found, mut count) = (Vec::new(), 0);
-    for_each_element(raw, |index, element| {
-        count += 1;
-        if wanted(index) {
-            found.push((index, element));
-        }
-        Ok(())
-    })?;
-    Ok((found, count))
-}
-
-// ---------------------------------------------------------------------------
-// The patch.
-
-/// `path`/`key` as a JSON pointer.
-fn child(path: &str, key: &str) -> String {
-    format!("{path}/{}", key.replace('~', "~0").replace('/', "~1"))
-}
-
-fn index_of(value: &Value) -> Option<usize> {
-    value.get(INDEX).and_then(Value::as_u64).and_then(|i| usize::try_from(i).ok())
-}
-
-/// One JSON Patch operation; its value is borrowed from the injected pod.
-struct Op<'a> {
-    op: &'static str,
-    path: String,
-    value: Option<Unmarked<'a>>,
-}
-
-impl<'a> Op<'a> {
-    /// Add or replace with `value`, which must be whole: a [`PRUNED`] object
-    /// (only part of the pod's) must never be sent.
-    fn set(op: &'static str, path: String, value: &'a Value) -> Result<Self, Stop> {
-        fn pruned(v: &Value) -> bool {
-            match v {
-                Value::Object(map) => map.contains_key(PRUNED) || map.values().any(pruned),
-                Value::Array(items) => items.iter().any(pruned),
-                _ => false,
-            }
-        }
-        if pruned(value) {
-            return Err(Stop::Internal(format!("injection moved part of the pod that drafs did not read to {path}")));
-        }
-        Ok(Op { op, path, value: Some(Unmarked(value)) })
-    }
-}
-
-impl serde::Serialize for Op<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("op", self.op)?;
-        map.serialize_entry("path", &self.path)?;
-        if let Some(value) = &self.value {
-            map.serialize_entry("value", value)?;
-        }
-        map.end()
-    }
-}
-
-/// A value as it goes into a patch: without [`INDEX`] marks.
-struct Unmarked<'a>(&'a Value);
-
-impl serde::Serialize for Unmarked<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{SerializeMap, SerializeSeq};
-        match self.0 {
-            Value::Object(map) => {
-                let mut out = s.serialize_map(None)?;
-                for (key, value) in map.iter().filter(|(k, _)| *k != INDEX) {
-                    out.serialize_entry(key, &Unmarked(value))?;
-                }
-                out.end()
-            }
-            Value::Array(items) => {
-                let mut out = s.serialize_seq(Some(items.len()))?;
-                for item in items {
-                    out.serialize_element(&Unmarked(item))?;
-                }
-                out.end()
-            }
-            other => other.serialize(s),
-        }
-    }
-}
-
-/// Whether the raw JSON `old` and `new` are the same value (marks aside),
-/// without building `old`.
-fn equal(old: &RawValue, new: &Value) -> Result<bool, Stop> {
-    match new {
-        Value::Object(map) => {
-            if !is_object(old) {
-                return Ok(false);
-            }
-            let keys = map.keys().filter(|k| !is_marker(k)).count();
-            let (found, count) = members(old, |k| map.contains_key(k) && !is_marker(k))?;
-            if count != keys || found.len() != keys {
-                return Ok(false);
-            }
-            for (key, old) in found {
-                if !equal(old, &map[&key])? {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        }
-        Value::Array(items) => {
-            if !is_array(old) {
-                return Ok(false);
-            }
-            let (found, count) = elements(old, |i| i < items.len())?;
-            if count != items.len() {
-                return Ok(false);
-            }
-            for (index, old) in found {
-                if !equal(old, &items[index])? {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        }
-        scalar => Ok(!is_object(old) && !is_array(old) && serde_json::from_str::<Value>(old.get())? == *scalar),
-    }
-}
-
-/// The JSON Patch operations that turn the raw JSON `old` into `new` (its
-/// pruned `Value` after injection) at `path`: members set, array elements
-/// removed and added, nothing for what injection left alone.
-fn diff<'a>(old: &RawValue, new: &'a Value, path: &str, ops: &mut Vec<Op<'a>>) -> Result<(), Stop> {
-    match new {
-        // Built from `old` with some of its members: compare member by member.
-        Value::Object(map) if map.contains_key(PRUNED) && is_object(old) => {
-            let (found, _) = members(old, |k| map.contains_key(k) && !is_marker(k))?;
-            let found: HashMap<String, &RawValue> = found.into_iter().collect();
-            for (key, value) in map.iter().filter(|(k, _)| !is_marker(k)) {
-                let at = child(path, key);
-                match found.get(key) {
-                    Some(old) => diff(old, value, &at, ops)?,
-                    None => ops.push(Op::set("add", at, value)?),
-                }
-            }
-        }
-        // Elements of `old` (marked with their index) and new ones: remove
-        // the elements gone, then add the new ones where they belong.
-        Value::Array(items) if items.iter().any(|i| index_of(i).is_some()) && is_array(old) => {
-            let indices: Vec<Option<usize>> = items.iter().map(index_of).collect();
-            let kept: BTreeSet<usize> = indices.iter().flatten().copied().collect();
-            let ordered = indices.iter().flatten().zip(indices.iter().flatten().skip(1)).all(|(a, b)| a < b);
-            let (found, len) = elements(old, |i| kept.contains(&i))?;
-            if !ordered || found.len() != kept.len() {
-                return Err(Stop::Internal(format!("injection reordered the elements of {path}")));
-            }
-            let found: HashMap<usize, &RawValue> = found.into_iter().collect();
-            for gone in (0..len).rev().filter(|i| !kept.contains(i)) {
-                ops.push(Op { op: "remove", path: format!("{path}/{gone}"), value: None });
-            }
-            for (at, (value, index)) in items.iter().zip(indices).enumerate() {
-                let at = format!("{path}/{at}");
-                match index.and_then(|i| found.get(&i)) {
-                    Some(old) => diff(old, value, &at, ops)?,
-                    None => ops.push(Op::set("add", at, value)?),
-                }
-            }
-        }
-        _ => {
-            if !equal(old, new)? {
-                ops.push(Op::set("replace", path.to_string(), new)?);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Apply a JSON Patch of `add`, `remove` and `replace` operations (those
-/// the webhook sends) to `doc`, as the API server does.
-#[doc(hidden)]
-pub fn apply_patch(doc: &mut Value, patch: &[Value]) -> Result<(), String> {
-    for op in patch {
-        let path = op["path"].as_str().ok_or_else(|| format!("no path: {op}"))?;
-        let (parent, last) = path.rsplit_once('/').ok_or_else(|| format!("bad path: {op}"))?;
-        let last = last.replace("~1", "/").replace("~0", "~");
-        let target = doc.pointer_mut(parent).ok_or_else(|| format!("no parent: {op}"))?;
-        match (op["op"].as_str(), target) {
-            (Some("add"), Value::Object(map)) => {
-                map.insert(last, op["value"].clone());
-            }
-            (Some("add"), Value::Array(items)) => {
-                let at: usize =
-                    if last == "-" { items.len() } else { last.parse().map_err(|_| format!("bad index: {op}"))? };
-                if at > items.len() {
-                    return Err(format!("index out of range: {op}"));
-                }
-                items.insert(at, op["value"].clone());
-            }
-            (Some("remove"), Value::Object(map)) => {
-                map.shift_remove(&last).ok_or_else(|| format!("nothing to remove: {op}"))?;
-            }
-            (Some("remove"), Value::Array(items)) => {
-                let at: usize = last.parse().map_err(|_| format!("bad index: {op}"))?;
-                if at >= items.len() {
-                    return Err(format!("index out of range: {op}"));
-                }
-                items.remove(at);
-            }
-            (Some("replace"), target) => {
-                let slot = match target {
-                    Value::Object(map) => map.get_mut(&last),
-                    Value::Array(items) => last.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
-                    _ => None,
-                };
-                *slot.ok_or_else(|| format!("nothing to replace: {op}"))? = op["value"].clone();
-            }
-            _ => return Err(format!("unsupported operation: {op}")),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::inject::{Mode, Options};
+    use crate::admission::patch::apply_patch;
+    use crate::admission::policy::*;
 
     const POD: &str = r#"{
       "apiVersion": "v1",
@@ -1264,20 +629,6 @@ mod tests {
             );
             assert_eq!(response["response"]["allowed"], false);
         }
-    }
-
-    #[test]
-    fn the_estimate_is_above_what_values_take() {
-        // Resident bytes per element, measured (VmHWM of the webhook; a
-        // counting allocator for the last two, plus malloc's headers): 96 for
-        // a number in a large array, 404 for `[0]`, 150 for an object member
-        // `"lN":""`; 96 for an empty string or object in an array, 510 for `{"a":0}`.
-        for (element, measured) in [("0", 96), ("[0]", 404), ("\"\"", 96), ("{}", 96), ("{\"a\":0}", 510)] {
-            let text = format!("[{}]", vec![element; 1000].join(","));
-            assert!(estimate(&text) >= 1000 * measured, "{element}: {}", estimate(&text));
-        }
-        let members: Vec<String> = (0..1000).map(|i| format!("\"l{i}\":\"\"")).collect();
-        assert!(estimate(&format!("{{{}}}", members.join(","))) >= 1000 * 150);
     }
 
     #[test]

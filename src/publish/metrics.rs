@@ -5,7 +5,6 @@
 //! connection), enough for Prometheus and kubelet probes without a server stack.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -18,9 +17,10 @@ use tracing::{debug, info};
 
 use crate::model::health::HealthState;
 use crate::model::resolve::Resolution;
+use crate::publish::prometheus::{self, Kind, Text};
 
-/// One metric family: name, type, help and (labels, value) samples.
-type Family = (&'static str, &'static str, &'static str, Vec<(String, String)>);
+/// The labels that name a device in `drafs_device_health`.
+type DeviceLabels = Vec<(&'static str, String)>;
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -35,7 +35,7 @@ pub struct Metrics {
     fuse_reads: AtomicU64,
     api_errors: Mutex<BTreeMap<String, u64>>,
     /// Each device the kubelet reports health for: its labels and state.
-    device_health: Mutex<Vec<(String, HealthState)>>,
+    device_health: Mutex<Vec<(DeviceLabels, HealthState)>>,
 }
 
 impl Default for Metrics {
@@ -77,18 +77,14 @@ impl Metrics {
             .flat_map(|c| c.devices.iter().map(move |d| (c, d)))
             .filter_map(|(c, d)| {
                 let health = d.health.as_ref()?;
-                let labels = [
-                    ("claim", c.pod_claim.as_str()),
-                    ("request", d.request.as_str()),
-                    ("index", &d.index.to_string()),
-                    ("driver", d.driver.as_str()),
-                    ("pool", d.pool.as_str()),
-                    ("device", d.device.as_str()),
-                ]
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
-                .collect::<Vec<_>>()
-                .join(",");
+                let labels = vec![
+                    ("claim", c.pod_claim.clone()),
+                    ("request", d.request.clone()),
+                    ("index", d.index.to_string()),
+                    ("driver", d.driver.clone()),
+                    ("pool", d.pool.clone()),
+                    ("device", d.device.clone()),
+                ];
                 Some((labels, health.state))
             })
             .collect();
@@ -127,98 +123,93 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let unlabelled = |value: String| vec![(String::new(), value)];
-        let count = |c: &AtomicU64| unlabelled(c.load(Ordering::Relaxed).to_string());
-        let errors = self.api_errors.lock().map(|m| m.clone()).unwrap_or_default();
+        let mut out = Text::default();
         let ready_ms = self.ready_after_ms.load(Ordering::Relaxed);
-        let mut metrics: Vec<Family> = Vec::new();
         if ready_ms > 0 {
             let seconds = format!("{:.3}", (ready_ms - 1) as f64 / 1000.0);
-            metrics.push((
+            out.single(
                 "drafs_time_to_ready_seconds",
-                "gauge",
+                Kind::Gauge,
                 "Seconds from start to the first ready tree.",
-                unlabelled(seconds),
-            ));
+                seconds,
+            );
         }
-        metrics.extend([
-            (
-                "drafs_ready",
-                "gauge",
-                "1 while everything asked for is in the tree.",
-                unlabelled(u8::from(self.is_ready()).to_string()),
-            ),
-            ("drafs_tree_updates_total", "counter", "Trees published.", count(&self.tree_updates)),
-            (
-                "drafs_watch_restarts_total",
-                "counter",
-                "Watches re-established after an error or 410 Gone.",
-                count(&self.watch_restarts),
-            ),
-            (
-                "drafs_api_errors_total",
-                "counter",
-                "Failed API requests by HTTP status code (none: no response).",
-                errors.into_iter().map(|(code, n)| (format!("{{code=\"{code}\"}}"), n.to_string())).collect(),
-            ),
-            ("drafs_values_served", "gauge", "Files in the current tree.", count(&self.values_served)),
-            (
-                "drafs_device_health",
-                "gauge",
-                "1 for the health the kubelet reports for an allocated device (Healthy, Unhealthy or Unknown), 0 for the others.",
-                self.device_health
-                    .lock()
-                    .map(|h| {
-                        h.iter()
-                            .flat_map(|(labels, state)| {
-                                HealthState::ALL.into_iter().map(move |s| {
-                                    (format!("{{{labels},state=\"{s}\"}}"), u8::from(s == *state).to_string())
-                                })
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            ),
-            (
-                "drafs_fuse_reads_total",
-                "counter",
-                "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
-                count(&self.fuse_reads),
-            ),
-        ]);
-        let mut out = String::new();
-        for (name, kind, help, samples) in metrics {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
+        out.single(
+            "drafs_ready",
+            Kind::Gauge,
+            "1 while everything asked for is in the tree.",
+            u8::from(self.is_ready()),
+        );
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        out.single("drafs_tree_updates_total", Kind::Counter, "Trees published.", count(&self.tree_updates));
+        out.single(
+            "drafs_watch_restarts_total",
+            Kind::Counter,
+            "Watches re-established after an error or 410 Gone.",
+            count(&self.watch_restarts),
+        );
+        let name = "drafs_api_errors_total";
+        out.family(name, Kind::Counter, "Failed API requests by HTTP status code (none: no response).");
+        for (code, n) in self.api_errors.lock().map(|m| m.clone()).unwrap_or_default() {
+            out.sample(name, &[("code", &code)], n);
+        }
+        out.single("drafs_values_served", Kind::Gauge, "Files in the current tree.", count(&self.values_served));
+        let name = "drafs_device_health";
+        out.family(
+            name,
+            Kind::Gauge,
+            "1 for the health the kubelet reports for an allocated device (Healthy, Unhealthy or Unknown), 0 for the others.",
+        );
+        for (device, state) in self.device_health.lock().map(|h| h.clone()).unwrap_or_default() {
+            for s in HealthState::ALL {
+                let mut labels: Vec<(&str, &str)> = device.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let state_name = s.to_string();
+                labels.push(("state", &state_name));
+                out.sample(name, &labels, u8::from(s == state));
             }
         }
-        out
+        out.single(
+            "drafs_fuse_reads_total",
+            Kind::Counter,
+            "Reads that reached drafs through FUSE (most are answered from the kernel page cache).",
+            count(&self.fuse_reads),
+        );
+        out.into_text()
     }
 }
 
-/// A label value in the exposition format: backslash, quote and newline escaped.
-fn escape_label(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// What a metrics endpoint answers: (status, content type, body) for a GET of `path`.
+/// What a metrics endpoint serves: the Prometheus text and the readiness
+/// behind `/readyz`. The endpoints themselves (`/metrics`, `/healthz`,
+/// `/readyz`, their codes and bodies) are [`Exposition::respond`]'s, the
+/// same for `init`/`serve` and the webhook.
 pub trait Exposition: Send + Sync {
-    fn respond(&self, path: &str) -> (u16, &'static str, String);
+    /// The Prometheus text exposition (`GET /metrics`).
+    fn text(&self) -> String;
+
+    /// `None` while ready; why not otherwise (`GET /readyz` answers 503).
+    fn unready_reason(&self) -> Option<String>;
+
+    /// (status, content type, body) for a GET of `path`.
+    fn respond(&self, path: &str) -> (u16, &'static str, String) {
+        match path {
+            "/metrics" => (200, prometheus::CONTENT_TYPE, self.text()),
+            "/healthz" => (200, "text/plain", "ok\n".into()),
+            "/readyz" => match self.unready_reason() {
+                None => (200, "text/plain", "ready\n".into()),
+                Some(reason) => (503, "text/plain", format!("not ready: {reason}\n")),
+            },
+            _ => (404, "text/plain", "not found\n".into()),
+        }
+    }
 }
 
 impl Exposition for Metrics {
-    fn respond(&self, path: &str) -> (u16, &'static str, String) {
-        match path {
-            "/metrics" => (200, "text/plain; version=0.0.4", self.render()),
-            "/healthz" => (200, "text/plain", "ok\n".into()),
-            "/readyz" if self.is_ready() => (200, "text/plain", "ready\n".into()),
-            "/readyz" => {
-                let reason = self.not_ready_reason.lock().map(|r| r.clone()).unwrap_or_default();
-                (503, "text/plain", format!("not ready: {reason}\n"))
-            }
-            _ => (404, "text/plain", "not found\n".into()),
-        }
+    fn text(&self) -> String {
+        self.render()
+    }
+
+    fn unready_reason(&self) -> Option<String> {
+        (!self.is_ready()).then(|| self.not_ready_reason.lock().map(|r| r.clone()).unwrap_or_default())
     }
 }
 
@@ -338,6 +329,5 @@ mod tests {
         assert!(text.contains(&format!("drafs_device_health{{{gpu3},state=\"Unhealthy\"}} 1\n")), "{text}");
         assert!(text.contains(&format!("drafs_device_health{{{gpu3},state=\"Healthy\"}} 0\n")), "{text}");
         assert_eq!(text.lines().filter(|l| l.starts_with("drafs_device_health{")).count(), 6, "{text}");
-        assert_eq!(escape_label("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
     }
 }

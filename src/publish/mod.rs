@@ -5,7 +5,8 @@
 //! the runtime thread (`outputs`); the tree as atomically swapped files
 //! (`files`) or a FUSE mount (`fuse`, over its tested model `fsmodel`, with
 //! the `supervisor` that unmounts it when the server dies); the standard
-//! metadata files (`metadata_dir`); `/metrics` and probes (`metrics`); the
+//! metadata files (`metadata_dir`); `/metrics` and probes (`metrics`, in the
+//! text format `prometheus` writes for the webhook's metrics too); the
 //! pod's Events (`events`).
 //!
 //! May use: `model`.
@@ -17,4 +18,5 @@ pub mod fuse;
 pub mod metadata_dir;
 pub mod metrics;
 pub mod outputs;
+pub mod prometheus;
 pub mod supervisor;

@@ -1,0 +1,91 @@
+//! The RBAC check: may the service account drafs runs as do what drafs
+//! needs (the permissions `drafs manifests rbac` grants)?
+
+use serde_json::json;
+
+use super::{Check, Status};
+use crate::admission::manifests::Grant;
+
+/// The RBAC check: `answers` pairs each permission with whether a
+/// SubjectAccessReview allowed it; `Err` says why they could not be asked.
+pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, String>) -> Check {
+    let fix_base = format!("drafs manifests rbac -n {namespace} --service-account {account}");
+    let answers = match answers {
+        Ok(a) => a,
+        Err(why) => {
+            return Check::new(
+                "rbac",
+                Status::Warn,
+                format!("cannot tell whether service account {namespace}/{account} has drafs's permissions: {why}"),
+                json!({"serviceAccount": account, "known": false, "missing": [], "optionalMissing": []}),
+            )
+            .with_fix(format!(
+                "ask someone who may create subjectaccessreviews, or apply: {fix_base} | kubectl apply -f -"
+            ));
+        }
+    };
+    let missing: Vec<String> =
+        answers.iter().filter(|(g, ok)| !ok && !g.optional).map(|(g, _)| g.to_string()).collect();
+    let optional: Vec<String> =
+        answers.iter().filter(|(g, ok)| !ok && g.optional).map(|(g, _)| g.to_string()).collect();
+    let details = json!({"serviceAccount": account, "known": true, "missing": missing, "optionalMissing": optional,
+               "checked": answers.iter().map(|(g, _)| g.to_string()).collect::<Vec<_>>()});
+    if !missing.is_empty() {
+        return Check::new(
+            "rbac",
+            Status::Fail,
+            format!("service account {namespace}/{account} may not {}", missing.join(", ")),
+            details,
+        )
+        .with_fix(format!("{fix_base} | kubectl apply -f -"));
+    }
+    if !optional.is_empty() {
+        let mut lost = Vec::new();
+        if optional.iter().any(|g| g.contains("events")) {
+            lost.push("drafs's Events do not show in kubectl describe pod");
+        }
+        if optional.iter().any(|g| g.starts_with("watch pods")) {
+            lost.push("a sidecar's device health does not follow the pod's status");
+        }
+        return Check::new(
+            "rbac",
+            Status::Warn,
+            format!(
+                "service account {namespace}/{account} has every permission drafs needs, but may not {}: {}",
+                optional.join(", "),
+                lost.join("; ")
+            ),
+            details,
+        )
+        .with_fix(format!("{fix_base} --events | kubectl apply -f -"));
+    }
+    Check::new(
+        "rbac",
+        Status::Ok,
+        format!("service account {namespace}/{account} has every permission drafs needs ({} checked)", answers.len()),
+        details,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rbac_names_the_missing_verb_and_the_fix() {
+        let grants = crate::admission::manifests::grants("ml", "trainer");
+        let all = |except: &str| grants.iter().map(|g| (g.clone(), g.to_string() != except)).collect::<Vec<_>>();
+        let c = rbac("ml", "trainer", Ok(all("")));
+        assert_eq!(c.status, Status::Ok);
+        let c = rbac("ml", "trainer", Ok(all("list resourceslices.resource.k8s.io (cluster-wide)")));
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(c.message, "service account ml/trainer may not list resourceslices.resource.k8s.io (cluster-wide)");
+        assert_eq!(c.fix.unwrap(), "drafs manifests rbac -n ml --service-account trainer | kubectl apply -f -");
+        let c = rbac("ml", "trainer", Ok(all("create events in ml")));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.fix.unwrap().contains("--events"));
+        let c = rbac("ml", "trainer", Err("HTTP 403".into()));
+        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.details["known"], false);
+    }
+}

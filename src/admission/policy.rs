@@ -1,0 +1,158 @@
+//! Which pods get drafs, and with which options: the opt-in and opt-out
+//! rules of the `drafs.dev/inject` label and the webhook's two paths, and
+//! the per-pod annotations read into `inject`'s options.
+//!
+//! Pure. The webhook answers with them (`decision`) and `drafs check`
+//! explains with them (`check`), so the two can never disagree on whether a
+//! pod gets drafs.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::admission::inject::{self, Mode, Options};
+use crate::model::tree::RequirePath;
+
+/// The label that opts a pod in; the webhook configuration selects on it.
+pub const INJECT_LABEL: &str = "drafs.dev/inject";
+/// Per-pod options, as annotations.
+pub const DIR_ANNOTATION: &str = "drafs.dev/dir";
+pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
+pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
+pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
+pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
+pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
+
+const MODES: &str = "init, sidecar-fuse or sidecar-files";
+
+/// Why the API server sent the pod (which webhook entry matched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptIn {
+    /// The pod is labelled `drafs.dev/inject` (`POST /mutate`).
+    Pod,
+    /// The pod's namespace is labelled `drafs.dev/inject=enabled`
+    /// (`POST /mutate/namespace`): a pod without the label gets this mode,
+    /// and one that asks for no device (no resource claim, no extended
+    /// resource) is admitted unchanged, silently.
+    Namespace(Mode),
+}
+
+/// The label value that opts a pod out, whatever its namespace says.
+pub const DISABLED: &str = "disabled";
+
+/// What a pod's `drafs.dev/inject` label and the configuration entry that
+/// sent it (the webhook's path) ask for: the opt-in and opt-out rules, for
+/// the webhook and for `drafs check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested {
+    /// No drafs: admitted unchanged (no label, sent for the label).
+    Nothing,
+    /// `drafs.dev/inject=disabled`, whatever the namespace says.
+    OptedOut,
+    /// drafs in this mode; `Err`: the label names no mode (the pod is denied, with this message).
+    Mode(Result<Mode, String>),
+}
+
+/// The pod's label wins: `disabled` opts out, any other value is the mode;
+/// a pod without it gets the namespace's mode when its namespace opted in.
+pub fn requested(label: Option<&str>, opt_in: OptIn) -> Requested {
+    match (label, opt_in) {
+        (Some(DISABLED), _) => Requested::OptedOut,
+        (Some(label), _) => Requested::Mode(parse_mode(label)),
+        (None, OptIn::Namespace(mode)) => Requested::Mode(Ok(mode)),
+        (None, OptIn::Pod) => Requested::Nothing,
+    }
+}
+
+/// The mode a `drafs.dev/inject` label names, or a message listing the valid ones.
+pub fn parse_mode(label: &str) -> Result<Mode, String> {
+    match label {
+        "init" => Ok(Mode::Init),
+        "sidecar-fuse" => Ok(Mode::SidecarFuse),
+        "sidecar-files" => Ok(Mode::SidecarFiles),
+        other => Err(format!("label {INJECT_LABEL}: {other:?} is not a drafs mode; use {MODES}")),
+    }
+}
+
+/// Which entry of the webhook configuration sent a review, by the path it
+/// posts to (`drafs webhook` answers these two; any other is a 404).
+pub fn opt_in_of_path(path: &str, namespace_mode: Mode) -> Option<OptIn> {
+    match path {
+        "/mutate" => Some(OptIn::Pod),
+        "/mutate/namespace" => Some(OptIn::Namespace(namespace_mode)),
+        _ => None,
+    }
+}
+
+/// The injection options a labelled pod asks for (as the webhook reads them;
+/// for the fuzz target).
+#[doc(hidden)]
+pub fn options_of(pod: &Value, image: &str) -> Result<Options, String> {
+    let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).ok_or("no drafs.dev/inject label")?;
+    options(pod, parse_mode(label.as_str().unwrap_or_default())?, image)
+}
+
+/// The injection options a pod asks for, or a message naming what is wrong.
+pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, String> {
+    let annotation = |key: &str| pod.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
+    let mut opts = Options::new(mode, image);
+    if let Some(dir) = annotation(DIR_ANNOTATION) {
+        inject::check_container_path(dir)
+            .map_err(|p| format!("annotation {DIR_ANNOTATION}: {dir:?} {p} (a container path for the tree)"))?;
+        opts.dir = dir.to_string();
+    }
+    if let Some(dir) = annotation(METADATA_DIR_ANNOTATION) {
+        inject::check_metadata_dir(dir, &opts.dir).map_err(|p| {
+            format!(
+                "annotation {METADATA_DIR_ANNOTATION}: {dir:?} {p} (a container path for the standard view, e.g. /var/run/kubernetes.io/dra-device-attributes)"
+            )
+        })?;
+        opts.metadata_dir = Some(dir.to_string());
+    }
+    if let Some(list) = annotation(METADATA_FROM_DRIVERS_ANNOTATION) {
+        if opts.metadata_dir.is_none() {
+            return Err(format!(
+                "annotation {METADATA_FROM_DRIVERS_ANNOTATION} needs {METADATA_DIR_ANNOTATION} (the standard view it applies to)"
+            ));
+        }
+        opts.metadata_from_drivers = list
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                crate::model::names::parse_driver_name(d)
+                    .map_err(|e| format!("annotation {METADATA_FROM_DRIVERS_ANNOTATION}: {e} (comma-separated)"))
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(list) = annotation(REQUIRE_ANNOTATION) {
+        opts.require = list
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse::<RequirePath>().map_err(|_| {
+                    format!("annotation {REQUIRE_ANNOTATION}: {p:?} is not CLAIM/REQUEST/INDEX/ATTRIBUTE (comma-separated, e.g. gpu/gpu/0/uuid)")
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(text) = annotation(TIMEOUT_ANNOTATION) {
+        let timeout: Duration = crate::model::names::parse_duration(text)
+            .map_err(|e| format!("annotation {TIMEOUT_ANNOTATION}: {e} (e.g. 90s, 5m, 1h; 0 for no limit)"))?;
+        opts.timeout = Some(timeout);
+    }
+    match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
+        None | Some("false") => {}
+        Some("true") if mode != Mode::Init => opts.ready_when_healthy = true,
+        Some("true") => {
+            return Err(format!(
+                "annotation {READY_WHEN_HEALTHY_ANNOTATION} needs a sidecar mode (an init container has no readiness)"
+            ));
+        }
+        Some(other) => {
+            return Err(format!("annotation {READY_WHEN_HEALTHY_ANNOTATION}: {other:?} is not true or false"));
+        }
+    }
+    Ok(opts)
+}
