@@ -3,7 +3,8 @@
 //!   - without drafs,
 //!   - with a no-op init container (what any init container costs),
 //!   - with `drafs inject --mode init` (drafs's own share is the difference),
-//!   - labelled and injected by the webhook (the shipped configuration, by URL).
+//!   - labelled and injected by the webhook (the shipped configuration, by URL),
+//!   - with a CSI volume served by `drafs node` (docs/node-mode.md), no drafs container.
 //!
 //! The kubelet's status is polled every 50 ms; "running" is the app's
 //! `state.running.startedAt` being set, the start itself from the pod's
@@ -20,7 +21,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, Node, SHELL_IMAGE};
+use support::node::{self, DRAFS_IMAGE, NODE_NAME, Node, SHELL_IMAGE};
 use support::*;
 
 const RUNS: usize = 7;
@@ -47,6 +48,15 @@ fn pod(ns: &str, name: &str, init: Option<Value>, label: Option<&str>) -> Value 
     if let Some(mode) = label {
         p["metadata"]["labels"] = json!({"drafs.dev/inject": mode});
     }
+    p
+}
+
+/// The pod reading its tree from drafs's CSI volume, as its own account.
+fn csi_pod(ns: &str, name: &str) -> Value {
+    let mut p = pod(ns, name, None, None);
+    p["spec"]["serviceAccountName"] = json!("drafs");
+    p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}]);
+    p["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true}}]);
     p
 }
 
@@ -117,12 +127,29 @@ fn main() {
         let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&warm));
         stdout(&out).contains("\"name\": \"drafs\"")
     }));
+    node.kubectl_apply(
+        &json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"},
+            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
+                     "tokenRequests": [{"audience": ""}], "requiresRepublish": true, "fsGroupPolicy": "None"},
+        })
+        .to_string(),
+    );
+    let mut agent = node
+        .in_node_pid(drafs_bin())
+        .args(["node", "--node-name", NODE_NAME])
+        .env("KUBECONFIG", node.admin_kubeconfig())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(node.work().join("agent.log")).unwrap())
+        .spawn()
+        .unwrap();
     type MakePod<'a> = Box<dyn Fn(&str) -> String + 'a>;
     let rows: Vec<(&str, MakePod)> = vec![
         ("no init container", Box::new(|n| pod(ns, n, None, None).to_string())),
         ("a no-op init container", Box::new(|n| pod(ns, n, Some(noop.clone()), None).to_string())),
         ("`drafs inject --mode init`", Box::new(|n| injected(&pod(ns, n, None, None)))),
         ("webhook, label `drafs.dev/inject: init`", Box::new(|n| pod(ns, n, None, Some("init")).to_string())),
+        ("CSI volume (`drafs node`)", Box::new(|n| csi_pod(ns, n).to_string())),
     ];
     println!("| pod | median (s) | min (s) | max (s) |\n|---|---|---|---|");
     for (what, make) in &rows {
@@ -135,4 +162,6 @@ fn main() {
     }
     let _ = hook.kill();
     let _ = hook.wait();
+    let _ = agent.kill();
+    let _ = agent.wait();
 }
