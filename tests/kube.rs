@@ -1049,7 +1049,7 @@ fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
     assert_eq!(code, 400, "{message}");
     assert!(
         message.contains("admission webhook \"pods.drafs.dev\" denied the request")
-            && message.contains("use init, sidecar-fuse or sidecar-files"),
+            && message.contains("use init, sidecar-fuse, sidecar-files or csi"),
         "{message}"
     );
 

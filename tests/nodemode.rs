@@ -209,6 +209,36 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     let (driver, device) = node.allocated(ns, &pod, "gpu");
     let uuid = node.slice_attribute(&driver, &device, "uuid");
     assert!(log_line(node, ns, "app", "app", "uuid=").starts_with(&format!("uuid={uuid} ")));
+    // `drafs inject --mode csi` gives a plain pod the volume, and nothing else.
+    let plain = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "injected", "namespace": ns},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid)\"; exec sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]},
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    });
+    let mut inject = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", "csi", "--image", node::DRAFS_IMAGE, "--require", "gpu/gpu/0/uuid"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut inject.stdin.take().unwrap(), plain.to_string().as_bytes()).unwrap();
+    let injected = inject.wait_with_output().unwrap();
+    assert!(injected.status.success());
+    node.kubectl_apply(&stdout(&injected));
+    let pod = node.wait_running(ns, "injected");
+    assert_eq!(pod["spec"]["containers"].as_array().unwrap().len(), 1);
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    assert_eq!(log_line(node, ns, "injected", "app", "uuid="), format!("uuid={uuid}"));
+
     // The agent's own account may read the slices and nothing else: the
     // pod and its claims were read as the pod.
     let can = |verb: &str, what: &str| {

@@ -46,7 +46,9 @@ fn reviews_over_tls_and_bad_requests_never_stop_the_server() {
     assert_eq!(status, 200);
     let answer = json_body(&body);
     assert_eq!(answer["response"]["allowed"], false);
-    assert!(answer["response"]["status"]["message"].as_str().unwrap().contains("init, sidecar-fuse or sidecar-files"));
+    assert!(
+        answer["response"]["status"]["message"].as_str().unwrap().contains("init, sidecar-fuse, sidecar-files or csi")
+    );
 
     // Malformed bodies: 400 with the reason, and the next review is answered.
     for bad in [&b"{not json"[..], b"{}", b"[]", b""] {

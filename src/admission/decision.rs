@@ -438,7 +438,7 @@ mod tests {
         let cases: Vec<(Value, &str)> = vec![
             (
                 json!({"labels": {INJECT_LABEL: "sidecar"}}),
-                "label drafs.dev/inject: \"sidecar\" is not a drafs mode; use init, sidecar-fuse or sidecar-files",
+                "label drafs.dev/inject: \"sidecar\" is not a drafs mode; use init, sidecar-fuse, sidecar-files or csi",
             ),
             (json!({"annotations": {TIMEOUT_ANNOTATION: "5 minutes"}}), "annotation drafs.dev/timeout"),
             (

@@ -191,6 +191,9 @@ pub enum Mode {
     SidecarFuse,
     /// `drafs serve` as a native sidecar with the files backend: live values, no privileges.
     SidecarFiles,
+    /// No container: a CSI volume that `drafs node` serves on the pod's node
+    /// (docs/node-mode.md): live values, no privileges.
+    Csi,
 }
 
 impl Mode {
@@ -200,7 +203,13 @@ impl Mode {
             Mode::Init => "init",
             Mode::SidecarFuse => "sidecar-fuse",
             Mode::SidecarFiles => "sidecar-files",
+            Mode::Csi => "csi",
         }
+    }
+
+    /// Whether drafs runs as a container of the pod (every mode but `csi`).
+    pub fn has_container(self) -> bool {
+        self != Mode::Csi
     }
 }
 
@@ -220,6 +229,8 @@ pub struct Options {
     pub timeout: Option<Duration>,
     /// The sidecar's readinessProbe also fails while a device is reported Unhealthy.
     pub ready_when_healthy: bool,
+    /// The CSI driver the `csi` mode's volume names.
+    pub csi_driver: String,
 }
 
 impl Options {
@@ -233,6 +244,7 @@ impl Options {
             require: Vec::new(),
             timeout: None,
             ready_when_healthy: false,
+            csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into(),
         }
     }
 }
@@ -285,7 +297,8 @@ fn drafs_args(opts: &Options) -> Vec<String> {
     let mut args = match opts.mode {
         Mode::Init => vec!["init".to_string(), format!("--dir={dir}")],
         Mode::SidecarFiles => vec!["serve".into(), "--backend=files".into(), format!("--dir={dir}")],
-        Mode::SidecarFuse => vec!["serve".into(), "--backend=fuse".into(), format!("--dir={dir}")],
+        // (csi adds no container: never asked.)
+        Mode::SidecarFuse | Mode::Csi => vec!["serve".into(), "--backend=fuse".into(), format!("--dir={dir}")],
     };
     if let Some(m) = &opts.metadata_dir {
         args.push(format!("--metadata-dir={m}"));
@@ -460,7 +473,7 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     let already = ["initContainers", "containers"]
         .iter()
         .any(|k| spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER)));
-    if already {
+    if already || csi_volume_of(spec).is_some() {
         return Ok(Injected::AlreadyThere);
     }
     if spec.pointer("/os/name").and_then(Value::as_str) == Some("windows") {
@@ -522,6 +535,21 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
             }
         }
     }
+    if !opts.mode.has_container() {
+        // The volume is all: drafs node reads as the pod's account, with the
+        // token the kubelet asks for it (the CSIDriver's tokenRequests).
+        let mut csi = json!({"driver": opts.csi_driver, "readOnly": true});
+        if !opts.require.is_empty() {
+            let require: Vec<String> = opts.require.iter().map(ToString::to_string).collect();
+            csi["volumeAttributes"] = json!({"require": require.join(",")});
+        }
+        array(spec, "volumes").push(json!({"name": volumes.tree, "csi": csi}));
+        return Ok(if own_account {
+            Injected::Done
+        } else {
+            Injected::KeptAccount(spec["serviceAccountName"].as_str().unwrap_or_default().to_string())
+        });
+    }
     let mut container = drafs_container(opts, &volumes);
     if own_account {
         array(&mut container, "volumeMounts")
@@ -546,6 +574,14 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     } else {
         Ok(Injected::KeptAccount(spec["serviceAccountName"].as_str().unwrap_or_default().to_string()))
     }
+}
+
+/// The name of a pod's volume that drafs node serves (any driver named like drafs's, or drafs.dev).
+pub fn csi_volume_of(spec: &Value) -> Option<&str> {
+    spec.get("volumes").and_then(Value::as_array)?.iter().find_map(|v| {
+        let driver = v.pointer("/csi/driver").and_then(Value::as_str)?;
+        (driver == crate::model::names::DEFAULT_CSI_DRIVER).then(|| v["name"].as_str().unwrap_or_default())
+    })
 }
 
 /// `/dra` and `/dra/` are the same mount path.
@@ -664,6 +700,41 @@ spec:
         assert!(!out.contains("automountServiceAccountToken") && !out.contains("drafs-token"), "{out}");
         // Keys keep their order: apiVersion stays first.
         assert!(out.starts_with("apiVersion: apps/v1\nkind: Deployment\n"), "{out}");
+    }
+
+    #[test]
+    fn csi_mode_adds_a_volume_and_no_container() {
+        let mut o = opts(Mode::Csi);
+        o.require = vec!["gpu/gpu/0/uuid".parse().unwrap(), "gpu/gpu/0/productName".parse().unwrap()];
+        let (out, outcomes) = inject(DEPLOYMENT, &o).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Injected("Deployment trainer".into())]);
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let spec = &doc["spec"]["template"]["spec"];
+        assert!(spec.get("initContainers").is_none(), "no drafs container: {out}");
+        assert_eq!(
+            spec["volumes"],
+            json!([{"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true,
+                    "volumeAttributes": {"require": "gpu/gpu/0/uuid,gpu/gpu/0/productName"}}}])
+        );
+        assert_eq!(
+            spec["containers"][0]["volumeMounts"],
+            json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}])
+        );
+        assert!(spec["containers"][1].get("volumeMounts").is_none());
+        // drafs node reads as the pod's account, which the app gets no token of.
+        assert_eq!(
+            (&spec["serviceAccountName"], &spec["automountServiceAccountToken"]),
+            (&json!("drafs"), &json!(false))
+        );
+        let (twice, outcomes) = inject(&out, &o).unwrap();
+        assert_eq!((twice, outcomes), (out.clone(), vec![Outcome::AlreadyInjected("Deployment trainer".into())]));
+        // A pod already served by a container is not given the volume too, and the reverse.
+        let (with_init, _) = inject(DEPLOYMENT, &opts(Mode::Init)).unwrap();
+        assert_eq!(inject(&with_init, &o).unwrap().1, vec![Outcome::AlreadyInjected("Deployment trainer".into())]);
+        assert_eq!(
+            inject(&out, &opts(Mode::Init)).unwrap().1,
+            vec![Outcome::AlreadyInjected("Deployment trainer".into())]
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
 pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
 pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
 
-const MODES: &str = "init, sidecar-fuse or sidecar-files";
+const MODES: &str = "init, sidecar-fuse, sidecar-files or csi";
 
 /// Why the API server sent the pod (which webhook entry matched).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +70,7 @@ pub fn parse_mode(label: &str) -> Result<Mode, String> {
         "init" => Ok(Mode::Init),
         "sidecar-fuse" => Ok(Mode::SidecarFuse),
         "sidecar-files" => Ok(Mode::SidecarFiles),
+        "csi" => Ok(Mode::Csi),
         other => Err(format!("label {INJECT_LABEL}: {other:?} is not a drafs mode; use {MODES}")),
     }
 }
@@ -142,6 +143,16 @@ pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, S
             .map_err(|e| format!("annotation {TIMEOUT_ANNOTATION}: {e} (e.g. 90s, 5m, 1h; 0 for no limit)"))?;
         opts.timeout = Some(timeout);
     }
+    if mode == Mode::Csi {
+        let for_a_container = [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION]
+            .into_iter()
+            .find(|a| annotation(a).is_some());
+        if let Some(a) = for_a_container {
+            return Err(format!(
+                "annotation {a} is for a drafs container; mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
+            ));
+        }
+    }
     match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
         None | Some("false") => {}
         Some("true") if mode != Mode::Init => opts.ready_when_healthy = true,
@@ -155,4 +166,30 @@ pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, S
         }
     }
     Ok(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn csi_is_a_mode_without_a_container_to_configure() {
+        assert_eq!(parse_mode("csi"), Ok(Mode::Csi));
+        assert!(parse_mode("CSI").unwrap_err().ends_with("use init, sidecar-fuse, sidecar-files or csi"));
+        let pod = |annotations: Value| json!({"metadata": {"annotations": annotations}});
+        let opts = options(&pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid"})), Mode::Csi, "drafs:1").unwrap();
+        assert_eq!(opts.require.len(), 1);
+        for a in [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
+            let value = if a == TIMEOUT_ANNOTATION {
+                "5m"
+            } else if a == METADATA_DIR_ANNOTATION {
+                "/var/run/x"
+            } else {
+                "true"
+            };
+            let err = options(&pod(json!({a: value})), Mode::Csi, "drafs:1").unwrap_err();
+            assert!(err.starts_with(&format!("annotation {a} is for a drafs container")), "{err}");
+        }
+    }
 }

@@ -416,6 +416,8 @@ pub enum ModeArg {
     SidecarFuse,
     /// `drafs serve` as a native sidecar with the files backend: live values, no privileges.
     SidecarFiles,
+    /// No container: a CSI volume served by `drafs node` on the pod's node; live values, no privileges.
+    Csi,
 }
 
 impl From<ModeArg> for Mode {
@@ -424,6 +426,7 @@ impl From<ModeArg> for Mode {
             ModeArg::Init => Mode::Init,
             ModeArg::SidecarFuse => Mode::SidecarFuse,
             ModeArg::SidecarFiles => Mode::SidecarFiles,
+            ModeArg::Csi => Mode::Csi,
         }
     }
 }

@@ -29,6 +29,20 @@ impl Config {
             ));
         }
         options.ready_when_healthy = args.ready_when_healthy;
+        if options.mode == inject::Mode::Csi {
+            let flag = [
+                (args.metadata_dir.is_some(), "--metadata-dir"),
+                (args.timeout.is_some(), "--timeout"),
+                (args.ready_when_healthy, "--ready-when-healthy"),
+            ]
+            .into_iter()
+            .find_map(|(set, flag)| set.then_some(flag));
+            if let Some(flag) = flag {
+                return Err(Failure::Usage(format!(
+                    "{flag} is for a drafs container; --mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
+                )));
+            }
+        }
         if let Some(m) = &args.metadata_dir {
             inject::check_metadata_dir(m, &options.dir)
                 .map_err(|p| Failure::Usage(format!("--metadata-dir {m:?} {p}")))?;

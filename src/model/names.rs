@@ -86,6 +86,10 @@ impl std::fmt::Display for QualifiedName {
     }
 }
 
+/// The CSI driver name `drafs node` registers and the `csi` mode's volumes
+/// name, unless told otherwise.
+pub const DEFAULT_CSI_DRIVER: &str = "drafs.dev";
+
 /// A DRA driver name: a DNS subdomain, as the API requires.
 pub fn parse_driver_name(text: &str) -> Result<String, String> {
     if is_dns_subdomain(text) {

@@ -20,4 +20,4 @@ pub mod request;
 pub mod volumes;
 
 /// The CSI driver's name, unless `--driver-name` says otherwise.
-pub const DEFAULT_DRIVER: &str = "drafs.dev";
+pub const DEFAULT_DRIVER: &str = crate::model::names::DEFAULT_CSI_DRIVER;

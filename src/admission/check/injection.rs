@@ -128,7 +128,7 @@ pub fn namespace_injection(
             "injection",
             Status::Ok,
             format!(
-                "pods labelled {INJECT_LABEL}=<mode> (init, sidecar-files, sidecar-fuse) get drafs; namespace {namespace} is not opted in, so unlabelled pods do not"
+                "pods labelled {INJECT_LABEL}=<mode> (init, sidecar-files, sidecar-fuse, csi) get drafs; namespace {namespace} is not opted in, so unlabelled pods do not"
             ),
             details,
         )
@@ -179,6 +179,18 @@ pub fn pod_injection(
                              "asksForDevices": asks_for_devices});
     if let Injection::Sent { entry, .. } = &outcome {
         details["entry"] = json!(entry);
+    }
+    if let Some(volume) = inject::csi_volume_of(&pod["spec"]) {
+        details["injected"] = json!(true);
+        details["mode"] = json!(Mode::Csi.label());
+        return Check::new(
+            "injection",
+            Status::Ok,
+            format!(
+                "injected, mode csi: volume {volume} is served by drafs node on the pod's node (kubectl describe pod shows a FailedMount while it waits)"
+            ),
+            details,
+        );
     }
     if let Some(container) = drafs_container(pod) {
         let kind = if is_sidecar(container) { "a native sidecar" } else { "an init container" };
