@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, NODE_NAME, Node, SHELL_IMAGE};
+use support::node::{self, DRAFS_IMAGE, Node, SHELL_IMAGE};
 use support::*;
 
 const RESOURCES: [&str; 3] = ["pods", "resourceclaims", "resourceslices"];
@@ -127,33 +127,9 @@ fn main() {
     let node = node::shared().expect("the real node");
     let ns = "scale";
     node.namespace(ns, Some("restricted"));
-    node.kubectl_apply(
-        &json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpu-share", "namespace": ns},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "shared.gpu.nvidia.com",
-                "capacity": {"requests": {"memory": "512Mi"}},
-            }}]}}},
-        })
-        .to_string(),
-    );
-    node.kubectl_apply(
-        &json!({
-            "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"},
-            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
-                     "tokenRequests": [{"audience": ""}], "requiresRepublish": true, "fsGroupPolicy": "None"},
-        })
-        .to_string(),
-    );
-    let mut agent = node
-        .in_node_pid(drafs_bin())
-        .args(["node", "--node-name", NODE_NAME, "--watch-for", "5s"])
-        .env("KUBECONFIG", node.admin_kubeconfig())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(node.work().join("agent.log")).unwrap())
-        .spawn()
-        .unwrap();
+    node.shared_gpu_template(ns, "gpu-share", "512Mi");
+    node.csi_driver();
+    let mut agent = node.spawn_drafs_node(&["--watch-for", "5s"], "agent.log");
     let (idle_watches, _) = api_counts(node);
     let idle_requests = requests_per_minute(node);
     let idle_rss = apiserver_rss(node);
@@ -217,7 +193,7 @@ fn main() {
             }));
         }
     }
-    // SAFETY: a signal to the agent's nsenter; the agent goes with the node.
-    let _ = agent.kill();
+    // SAFETY: a signal to the agent's process group.
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
     let _ = agent.wait();
 }

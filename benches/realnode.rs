@@ -21,7 +21,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, NODE_NAME, Node, SHELL_IMAGE};
+use support::node::{self, DRAFS_IMAGE, Node, SHELL_IMAGE};
 use support::*;
 
 const RUNS: usize = 7;
@@ -127,22 +127,8 @@ fn main() {
         let out = node.kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&warm));
         stdout(&out).contains("\"name\": \"drafs\"")
     }));
-    node.kubectl_apply(
-        &json!({
-            "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"},
-            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
-                     "tokenRequests": [{"audience": ""}], "requiresRepublish": true, "fsGroupPolicy": "None"},
-        })
-        .to_string(),
-    );
-    let mut agent = node
-        .in_node_pid(drafs_bin())
-        .args(["node", "--node-name", NODE_NAME])
-        .env("KUBECONFIG", node.admin_kubeconfig())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(node.work().join("agent.log")).unwrap())
-        .spawn()
-        .unwrap();
+    node.csi_driver();
+    let mut agent = node.spawn_drafs_node(&[], "agent.log");
     type MakePod<'a> = Box<dyn Fn(&str) -> String + 'a>;
     let rows: Vec<(&str, MakePod)> = vec![
         ("no init container", Box::new(|n| pod(ns, n, None, None).to_string())),
@@ -162,6 +148,7 @@ fn main() {
     }
     let _ = hook.kill();
     let _ = hook.wait();
-    let _ = agent.kill();
+    // SAFETY: a signal to the agent's process group.
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
     let _ = agent.wait();
 }

@@ -10,47 +10,14 @@ use std::process::Child;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::node::{self, GPU_DRIVER, NODE_NAME, Node, SHELL_IMAGE, log_line, read_in_app, wait_read_in_app};
+use support::node::{self, GPU_DRIVER, NODE_NAME, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app};
 use support::*;
 
 const DRIVER: &str = "drafs.dev";
 
-/// The CSIDriver drafs's chart installs: ephemeral inline volumes, the pod's
-/// identity and its own token on every publish, published again each sync.
-fn csi_driver() -> String {
-    json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": DRIVER},
-        "spec": {
-            "attachRequired": false,
-            "podInfoOnMount": true,
-            "volumeLifecycleModes": ["Ephemeral"],
-            "tokenRequests": [{"audience": ""}],
-            "requiresRepublish": true,
-            "fsGroupPolicy": "None",
-        },
-    })
-    .to_string()
-}
-
-/// `drafs node` on the node, as its DaemonSet would run it; the admin
-/// kubeconfig only says where the API server is: every read is made with the
-/// pod's own token. It runs in the node's PID namespace (nsenter forks it),
-/// so it goes with the node; [`kill_agent`] kills it.
+/// `drafs node` on the node (support::node::Node::spawn_drafs_node); [`kill_agent`] kills it.
 fn start_agent(node: &Node, log: &str) -> Child {
-    start_agent_with(node, log, &[])
-}
-
-fn start_agent_with(node: &Node, log: &str, args: &[&str]) -> Child {
-    let mut cmd = node.in_node_pid(drafs_bin());
-    cmd.args(["node", "--node-name", NODE_NAME])
-        .args(args)
-        .env("KUBECONFIG", node.admin_kubeconfig())
-        .env("DRAFS_LOG", "info,drafs=debug")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(node.work().join(log)).unwrap());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    cmd.spawn().unwrap()
+    node.spawn_drafs_node(&[], log)
 }
 
 /// SIGKILL to the agent and the nsenter that started it (one process group).
@@ -79,25 +46,11 @@ fn csi_pod(ns: &str, name: &str) -> String {
 }
 
 fn csi_pod_from(ns: &str, name: &str, template: &str) -> String {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "serviceAccountName": "drafs",
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{
-                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid) product=$(cat /dra/gpu/gpu/0/productName)\"; exec sleep 3600"],
-                "resources": {"claims": [{"name": "gpu"}]},
-                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{"name": "dra", "mountPath": "/dra", "readOnly": true}],
-            }],
-            "volumes": [{"name": "dra", "csi": {"driver": DRIVER, "readOnly": true}}],
-        },
-    })
-    .to_string()
+    let mut pod: Value = serde_json::from_str(&gpu_pod(ns, name, template)).unwrap();
+    pod["spec"]["serviceAccountName"] = json!("drafs");
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}]);
+    pod["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": DRIVER, "readOnly": true}}]);
+    pod.to_string()
 }
 
 /// The mounts drafs made under the kubelet's pod directories.
@@ -119,7 +72,7 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
     let ns = "csi";
     node.namespace(ns, Some("restricted"));
     node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
-    node.kubectl_apply(&csi_driver());
+    node.csi_driver();
     let agent = start_agent(node, "drafs-node.log");
     wait_registered(node);
 
@@ -272,21 +225,11 @@ fn thirty_pods_on_the_node_share_one_slice_watch_and_hold_no_watch_once_started(
     let Some(node) = node::shared() else { return };
     let ns = "csi-many";
     node.namespace(ns, Some("restricted"));
-    node.kubectl_apply(
-        &json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpu-2gi", "namespace": ns},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "shared.gpu.nvidia.com",
-                "capacity": {"requests": {"memory": "2Gi"}},
-            }}]}}},
-        })
-        .to_string(),
-    );
-    node.kubectl_apply(&csi_driver());
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+    node.csi_driver();
     let before = open_watches(node);
     // Watched for 5 s after its publish, then read again at most once a minute.
-    let agent = start_agent_with(node, "drafs-node.log", &["--watch-for", "5s", "--refresh", "1m"]);
+    let agent = node.spawn_drafs_node(&["--watch-for", "5s", "--refresh", "1m"], "drafs-node.log");
     wait_registered(node);
     let pods: Vec<String> = (0..PODS).map(|i| format!("app-{i}")).collect();
     let all = pods.iter().map(|p| csi_pod_from(ns, p, "gpu-2gi")).collect::<Vec<_>>().join("\n---\n");

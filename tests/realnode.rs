@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::node::{
-    self, DRAFS_IMAGE, GPU_DRIVER, NIC_DRIVER, Node, SHELL_IMAGE, log_line, read_in_app, wait_read_in_app,
+    self, DRAFS_IMAGE, GPU_DRIVER, NIC_DRIVER, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app,
 };
 use support::*;
 
@@ -65,27 +65,6 @@ fn inject(yaml: &str, args: &[&str]) -> String {
     );
     assert!(out.status.success(), "drafs inject {args:?}: {}", stderr(&out));
     stdout(&out)
-}
-
-/// A pod that passes the `restricted` Pod Security level, whose app prints
-/// the GPU's uuid and product name read from drafs's tree, then sleeps.
-fn gpu_pod(ns: &str, name: &str, template: &str) -> String {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "terminationGracePeriodSeconds": 5,
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{
-                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid) product=$(cat /dra/gpu/gpu/0/productName)\"; exec sleep 3600"],
-                "resources": {"claims": [{"name": "gpu"}]},
-                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-            }],
-        },
-    })
-    .to_string()
 }
 
 #[test]
@@ -648,17 +627,7 @@ fn two_pods_sharing_a_gpu_by_memory_each_read_their_share() {
     let Some(node) = node::shared() else { return };
     let ns = "shared-gpu";
     node.namespace(ns, Some("restricted"));
-    node.kubectl_apply(
-        &json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpu-20gi", "namespace": ns},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "shared.gpu.nvidia.com",
-                "capacity": {"requests": {"memory": "20Gi"}},
-            }}]}}},
-        })
-        .to_string(),
-    );
+    node.shared_gpu_template(ns, "gpu-20gi", "20Gi");
     let pods = ["inference-a", "inference-b"];
     for pod in pods {
         node.kubectl_apply(&inject(&gpu_pod(ns, pod, "gpu-20gi"), &["--mode", "init", "--require", "gpu/gpu/0/uuid"]));

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::source::{REQUEST_TIMEOUT, WATCH_IDLE};
+use crate::engine::source::{REQUEST_TIMEOUT, WATCH_IDLE, object_meta};
 use crate::engine::store::Scope;
 use crate::model::backoff::RetryBackoff;
 use crate::model::slices::{RawEvent, RawList};
@@ -254,25 +254,12 @@ async fn watch_once(
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Meta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: Option<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct Object {
-    metadata: Meta,
-}
-
 fn name_of(raw: &str) -> Option<String> {
-    serde_json::from_str::<Object>(raw).ok()?.metadata.name.filter(|n| !n.is_empty())
+    object_meta(raw).map(|(name, _)| name).filter(|n| !n.is_empty())
 }
 
 fn version_of(raw: &str) -> Option<String> {
-    serde_json::from_str::<Object>(raw).ok()?.metadata.resource_version
+    object_meta(raw).and_then(|(_, rv)| rv)
 }
 
 #[cfg(test)]

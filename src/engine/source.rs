@@ -680,7 +680,7 @@ impl ScopeContext {
 }
 
 /// Name and resource version of an object, reading nothing else.
-fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
+pub(crate) fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
     #[derive(serde::Deserialize)]
     struct Meta {
         #[serde(default)]

@@ -450,6 +450,51 @@ impl Node {
         );
     }
 
+    /// A ResourceClaimTemplate whose request `gpu` asks `memory` of the GPU
+    /// shared by memory (consumable capacity, class `shared.gpu.nvidia.com`).
+    pub fn shared_gpu_template(&self, ns: &str, name: &str, memory: &str) {
+        self.kubectl_apply(
+            &json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "shared.gpu.nvidia.com",
+                    "capacity": {"requests": {"memory": memory}},
+                }}]}}},
+            })
+            .to_string(),
+        );
+    }
+
+    /// The CSIDriver `drafs.dev` as drafs's chart installs it (docs/node-mode.md).
+    pub fn csi_driver(&self) {
+        self.kubectl_apply(
+            &json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"},
+                "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
+                         "tokenRequests": [{"audience": ""}], "requiresRepublish": true, "fsGroupPolicy": "None"},
+            })
+            .to_string(),
+        );
+    }
+
+    /// `drafs node` on the node (in its PID namespace, so it goes with the
+    /// node), as its DaemonSet would run it, logging to `log` in the work
+    /// directory; the admin kubeconfig says where the API server is and reads
+    /// the slices: everything about a pod is read with the pod's own token.
+    /// Its own process group: `killpg` stops it and its nsenter.
+    pub fn spawn_drafs_node(&self, args: &[&str], log: &str) -> Child {
+        let mut cmd = self.in_node_pid(super::drafs_bin());
+        cmd.args(["node", "--node-name", NODE_NAME])
+            .args(args)
+            .env("KUBECONFIG", self.admin_kubeconfig())
+            .env("DRAFS_LOG", "info,drafs=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.work.join(log)).unwrap());
+        cmd.process_group(0);
+        cmd.spawn().unwrap()
+    }
+
     /// The device the scheduler allocated to a pod's claim: (driver, device name).
     pub fn allocated(&self, ns: &str, pod: &Value, pod_claim: &str) -> (String, String) {
         // A claim the pod names directly, or the one made from its template (in the status).
@@ -570,4 +615,25 @@ pub fn wait_read_in_app(node: &Node, ns: &str, pod: &str, path: &str, want: &str
         seen == want
     });
     assert!(arrived, "{ns}/{pod}: the app reads {seen:?} at {path}, not {want:?}");
+}
+
+/// A pod that passes the `restricted` Pod Security level, whose app prints
+/// the GPU's uuid and product name read from drafs's tree, then sleeps.
+pub fn gpu_pod(ns: &str, name: &str, template: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid) product=$(cat /dra/gpu/gpu/0/productName)\"; exec sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]},
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    })
+    .to_string()
 }
