@@ -4,7 +4,8 @@
 #   image/check.sh TAG
 set -euo pipefail
 tag=$1
-max_bytes=$((10 * 1000 * 1000))
+# 10.17 MB on 2026-12-03 with drafs node (docs/deploy.md says what the size buys).
+max_bytes=$((10500 * 1000))
 
 ctr=$(buildah from "$tag")
 trap 'buildah umount "$ctr" >/dev/null 2>&1 || true; buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT

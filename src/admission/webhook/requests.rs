@@ -23,14 +23,19 @@ use crate::publish::metrics::Exposition;
 pub(super) type LargeJob = Box<dyn FnOnce() + Send>;
 
 /// The thread large reviews are decided on, one at a time (they hold the
-/// large-review permit), at nice 10: when the CPUs are busy, the thread that
-/// accepts connections and answers small reviews goes first.
+/// large-review permit), 10 nice steps below the webhook's own (at most 19):
+/// when the CPUs are busy, the thread that accepts connections and answers
+/// small reviews goes first, also when the webhook itself runs niced.
 pub(super) fn large_review_thread() -> std::io::Result<std::sync::mpsc::Sender<LargeJob>> {
     let (jobs, queue) = std::sync::mpsc::channel::<LargeJob>();
     std::thread::Builder::new().name("drafs-large-reviews".into()).spawn(move || {
         // Linux: the nice value is per thread; lowering it needs no privilege.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
-        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 10) } != 0 {
+        // getpriority may return -1 as a value: errno tells an error apart.
+        unsafe { *libc::__errno_location() = 0 };
+        let current = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+        let current = if std::io::Error::last_os_error().raw_os_error().unwrap_or(0) == 0 { current } else { 0 };
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, lowered(current)) } != 0 {
             debug!("cannot lower the large-review thread's priority: {}", std::io::Error::last_os_error());
         }
         for job in queue {
@@ -38,6 +43,11 @@ pub(super) fn large_review_thread() -> std::io::Result<std::sync::mpsc::Sender<L
         }
     })?;
     Ok(jobs)
+}
+
+/// The nice value 10 steps below `current`, within Linux's range.
+fn lowered(current: i32) -> i32 {
+    (current + 10).clamp(-20, 19)
 }
 
 fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -201,4 +211,15 @@ async fn mutate(
     *r.status_mut() = code;
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     (r, verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn large_reviews_run_below_the_webhook_however_niced() {
+        assert_eq!(super::lowered(0), 10);
+        assert_eq!(super::lowered(10), 19, "a webhook run at nice 10 still puts large reviews below itself");
+        assert_eq!(super::lowered(19), 19);
+        assert_eq!(super::lowered(-20), -10);
+    }
 }
