@@ -296,6 +296,57 @@ fn install_upgrade_and_uninstall_keep_the_ca_and_remove_everything() {
     }
 }
 
+#[test]
+fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
+    let Some(cp) = controlplane::private() else { return };
+    // The agent mounts into the kubelet's directories: a privileged namespace.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let docs = render(&cp, &["--set", "node.enabled=true"]);
+    let names = kinds_and_names(&docs);
+    let node_objects = [
+        ("storage.k8s.io/v1", "CSIDriver", "drafs.dev", None),
+        ("apps/v1", "DaemonSet", "drafs-node", Some("drafs-system")),
+        ("v1", "ServiceAccount", "drafs-node", Some("drafs-system")),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", "drafs-node", None),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "drafs-node", None),
+    ];
+    for (_, kind, name, _) in node_objects {
+        assert!(names.contains(&(kind.to_string(), name.to_string())), "{kind} {name} not in {names:?}");
+    }
+    assert!(
+        !kinds_and_names(&render(&cp, &[])).iter().any(|(k, _)| k == "CSIDriver" || k == "DaemonSet"),
+        "off by default"
+    );
+    // The agent reads only slices as itself.
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]}])
+    );
+    let driver = find(&docs, "CSIDriver");
+    assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
+    assert_eq!(driver["spec"]["tokenRequests"], json!([{"audience": ""}]));
+    assert_eq!(driver["spec"]["podInfoOnMount"], true);
+
+    helm_ok(&cp, &["install", "drafs", CHART, "--namespace", "drafs-system", "--set", "node.enabled=true"]);
+    let meta = |name: &str, ns: Option<&str>| {
+        let mut m = json!({"name": name});
+        if let Some(ns) = ns {
+            m["namespace"] = json!(ns);
+        }
+        m
+    };
+    for (api, kind, name, ns) in node_objects {
+        let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta(name, ns)}));
+        assert!(object.is_some(), "{kind} {name} not installed");
+    }
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
+    for (api, kind, name, ns) in node_objects {
+        let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta(name, ns)}));
+        assert!(object.is_none(), "{kind} {name} left after uninstall");
+    }
+}
+
 /// How a test pod asks for devices.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Asks {

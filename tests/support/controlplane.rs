@@ -527,6 +527,7 @@ fn resource_of(kind: &str) -> (&'static str, bool) {
         "MutatingWebhookConfiguration" => ("mutatingwebhookconfigurations", false),
         "VirtualMachineInstance" => ("virtualmachineinstances", true),
         "CustomResourceDefinition" => ("customresourcedefinitions", false),
+        "CSIDriver" => ("csidrivers", false),
         other => panic!("the control-plane helper does not know kind {other}"),
     }
 }
