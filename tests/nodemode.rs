@@ -113,6 +113,20 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
         std::fs::read_to_string(node.work().join("drafs-node-2.log")).unwrap_or_default()
     );
 
+    // A pod whose account lacks drafs's RBAC waits, and says why where
+    // `kubectl describe pod` shows it.
+    let mut unauthorized: Value = serde_json::from_str(&csi_pod(ns, "unauthorized")).unwrap();
+    unauthorized["spec"]["serviceAccountName"] = json!("default");
+    node.kubectl_apply(&unauthorized.to_string());
+    let mut events = String::new();
+    let told = wait_for(Duration::from_secs(60), || {
+        events = node.kubectl_ok(&["get", "events", "-n", ns, "--field-selector", "involvedObject.name=unauthorized"]);
+        events.contains("FailedMount") && events.contains("forbidden")
+    });
+    assert!(told, "no FailedMount naming the refusal:\n{events}");
+    assert!(events.contains("drafs manifests rbac"), "the fix is named:\n{events}");
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "unauthorized", "--wait=true", "--timeout=60s"]);
+
     // Deleted: unpublished, unmounted, nothing left.
     let uid = uid_of(&pod);
     assert_eq!(agent_mounts(node, &uid).len(), 1, "one tmpfs for the pod's volume");
