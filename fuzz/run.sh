@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Fuzz drafs's input handling: `fuzz/run.sh [SECONDS]` runs each target
 # (resolve_tree, inject, decode, admission, status_data, health, extended,
-# yaml, x509) for SECONDS (default 60) with cargo fuzz, seeded from the
+# yaml, x509, csi) for SECONDS (default 60) with cargo fuzz, seeded from the
 # project's examples and a few hand-written inputs. Needs cargo-fuzz (`cargo
 # install cargo-fuzz`); RUSTC_BOOTSTRAP lets the stable toolchain take cargo
 # fuzz's -Z flags. `fuzz/build.sh` only builds them.
 set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-60}"
-targets=(resolve_tree inject decode admission status_data health extended yaml x509)
+targets=(resolve_tree inject decode admission status_data health extended yaml x509 csi)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
 for target in "${targets[@]}"; do mkdir -p "corpus/$target"; done
@@ -31,8 +31,8 @@ claim = {"metadata": {"name": "c"}, "spec": {}, "status": {"allocation": {"devic
     {"driver": "d", "pool": "p", "device": "x", "data": {"a": {"b": [1, 2]}}, "networkData": {"interfaceName": "eth0"}}]}}
 write("decode", "claim.json", claim)
 
-# admission: the first byte picks the webhook's path (0: /mutate, 1-3:
-# /mutate/namespace with init, sidecar-fuse, sidecar-files), the rest is the body.
+# admission: the first byte picks the webhook's path (0: /mutate, 1-4:
+# /mutate/namespace with init, sidecar-fuse, sidecar-files, csi), the rest is the body.
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {"drafs.dev/inject": "sidecar-fuse"},
         "annotations": {"drafs.dev/metadata-dir": "/m", "drafs.dev/require": "a/b/0/c", "drafs.dev/timeout": "1m"}},
         "spec": {"serviceAccountName": "default", "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}],
@@ -90,6 +90,21 @@ for name, not_before, not_after in [("utc", der(0x17, b"200101000000Z"), der(0x1
     tbs = der(0x30, der(0xa0, der(0x02, b"\x02")) + der(0x02, b"\x01") + der(0x30, b"") + der(0x30, b"")
               + der(0x30, not_before + not_after) + der(0x30, b"") + der(0x30, b""))
     write("x509", f"{name}.der", der(0x30, tbs + der(0x30, b"") + der(0x03, b"\x00")))
+# csi: a publish request as the kubelet sends it (protobuf, by hand) and an
+# HTTP/2 header block with a socket path as :authority.
+def field(n, b):
+    out = bytearray([n << 3 | 2]); l = len(b)
+    while l >= 0x80: out.append(l & 0x7f | 0x80); l >>= 7
+    out.append(l); return bytes(out) + b
+ctx = {"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.name": "app",
+       "csi.storage.k8s.io/pod.namespace": "ml", "csi.storage.k8s.io/pod.uid": "u1",
+       "csi.storage.k8s.io/serviceAccount.tokens": json.dumps({"": {"token": "t.t.t"}}), "require": "gpu/gpu/0/uuid"}
+req = field(1, b"v1") + field(4, b"/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/dra/mount") + bytes([6 << 3, 1])
+for k, v in ctx.items():
+    req += field(8, field(1, k.encode()) + field(2, v.encode()))
+write("csi", "publish.bin", req)
+path = b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdrafs.dev-reg.sock"
+write("csi", "headers.bin", bytes([0x83, 0x41, len(path)]) + path + bytes([0x86]))
 PY
 # Real certificates, when openssl is there (the second one's notAfter is a GeneralizedTime).
 if command -v openssl >/dev/null; then

@@ -1,5 +1,5 @@
 //! Any request body the webhook could be sent, on either of its paths (the
-//! first input byte picks `OptIn::Pod` or `OptIn::Namespace(mode)`; the rest
+//! first input byte picks `OptIn::Pod` or `OptIn::Namespace(mode)`, any mode; the rest
 //! is the body): never a panic; a review it answers is an AdmissionReview for
 //! the same uid, allowed unless denied; and a patch it returns is the one the
 //! answer carries, and (for a review that is JSON throughout, as an API
@@ -18,11 +18,12 @@ const IMAGE: &str = "drafs:fuzz";
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, body)) = data.split_first() else { return };
-    let opt_in = match selector % 4 {
+    let opt_in = match selector % 5 {
         0 => OptIn::Pod,
         1 => OptIn::Namespace(Mode::Init),
         2 => OptIn::Namespace(Mode::SidecarFuse),
-        _ => OptIn::Namespace(Mode::SidecarFiles),
+        3 => OptIn::Namespace(Mode::SidecarFiles),
+        _ => OptIn::Namespace(Mode::Csi),
     };
     let Ok((answer, verdict)) = decision::review(body, IMAGE, opt_in) else { return };
     // The webhook reads only the parts of the review it uses: the rest may be
