@@ -167,6 +167,11 @@ impl<M: Mounts> Volumes<M> {
         match std::fs::remove_dir(target) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Files under the mount point are not drafs's (it writes only in
+            // its tmpfs): left as they are, and the pod not held up for them.
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                warn!(target = %target.display(), "left in place: files under the mount point that drafs did not write");
+            }
             Err(e) => return Err(internal("remove", target, e)),
         }
         info!(volume = volume_id, target = %target.display(), "unpublished");
