@@ -50,6 +50,8 @@ impl Mounts for Recorded {
 
 struct Agent {
     api: TestApi,
+    /// The kubelet's deadline for a call (`grpc-timeout`).
+    deadline: Mutex<Duration>,
     service: Service<Recorded>,
     mounts: Recorded,
     kubelet: tempfile::TempDir,
@@ -70,7 +72,7 @@ fn agent() -> Agent {
     let volumes = Volumes::new(kubelet.path().to_path_buf(), cluster, slices, timing, mounts.clone());
     let service =
         Service { driver: "drafs.dev".into(), node_name: "gpu-node-7".into(), endpoint: "/csi.sock".into(), volumes };
-    Agent { api, service, mounts, kubelet }
+    Agent { api, deadline: Mutex::new(Duration::from_secs(10)), service, mounts, kubelet }
 }
 
 impl Agent {
@@ -107,8 +109,7 @@ impl Agent {
     }
 
     fn call(&self, method: &str, message: Vec<u8>) -> Result<Vec<u8>, Status> {
-        let runtime = runtime();
-        runtime.block_on(self.service.call(method, message.into(), Some(Duration::from_secs(10))))
+        runtime().block_on(self.service.call(method, message.into(), Some(*self.deadline.lock().unwrap())))
     }
 
     /// Requests for the pod and its claims since the last clear.
@@ -173,4 +174,26 @@ fn a_token_without_rights_waits_with_the_refusal_and_the_fix() {
     // The volume is counted as maybe mounted by the kubelet, which unpublishes it when the pod goes.
     a.unpublish().expect("unpublished");
     assert!(a.mounts.0.lock().unwrap().is_empty());
+}
+
+#[test]
+fn with_the_api_server_down_a_publish_says_what_it_waits_for_and_the_next_one_succeeds() {
+    let a = agent();
+    a.api.inject(Fault { verb: Some("get".into()), resource: Some(Res::Pods), status: 500, count: usize::MAX });
+    // The kubelet's deadline of 4 s: drafs answers 2 s before it.
+    *a.deadline.lock().unwrap() = Duration::from_secs(4);
+    let err = a.publish(TOKEN).unwrap_err();
+    assert_eq!(err.code, Code::Unavailable);
+    assert!(
+        err.message.starts_with("drafs is waiting for the pod's devices: pod ml/trainer-0 not fetched yet"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("500"), "{}", err.message);
+    assert!(!a.target().join(".ready").exists());
+    // The run went on retrying: once the server answers, the kubelet's next call succeeds.
+    a.api.clear_faults();
+    *a.deadline.lock().unwrap() = Duration::from_secs(30);
+    a.publish(TOKEN).expect("published once the API server answers");
+    assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID);
 }
