@@ -319,6 +319,14 @@ impl Node {
         cmd
     }
 
+    /// The PID namespace the node's processes run in (`pid:[...]`): tells
+    /// the node's kube-apiserver from another test's.
+    pub fn pid_namespace(&self) -> String {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.ns_pid)).unwrap_or_default();
+        let init = children.split_whitespace().next().unwrap_or_default().to_string();
+        std::fs::read_link(format!("/proc/{init}/ns/pid")).map(|p| p.display().to_string()).unwrap_or_default()
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.work.join("admin.kubeconfig")
     }
