@@ -81,7 +81,9 @@ fn api_counts(node: &Node) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
         if line.starts_with("apiserver_longrunning_requests{") && line.contains("verb=\"WATCH\"") {
             *watches.entry(resource).or_default() += value;
         } else if line.starts_with("apiserver_request_total{") {
-            *requests.entry(resource).or_default() += value;
+            let sub = label(line, "subresource");
+            let key = format!("{resource}{}{sub} {}", if sub.is_empty() { "" } else { "/" }, label(line, "verb"));
+            *requests.entry(key).or_default() += value;
         }
     }
     (watches, requests)
@@ -108,12 +110,16 @@ fn apiserver_rss(node: &Node) -> f64 {
     panic!("no kube-apiserver in the node's PID namespace {node_ns}")
 }
 
-/// Requests per resource in one minute.
+/// Requests in one minute, by resource and verb (those made at all).
 fn requests_per_minute(node: &Node) -> BTreeMap<String, f64> {
     let (_, before) = api_counts(node);
     std::thread::sleep(Duration::from_secs(60));
     let (_, after) = api_counts(node);
-    RESOURCES.iter().map(|r| (r.to_string(), after.get(*r).unwrap_or(&0.0) - before.get(*r).unwrap_or(&0.0))).collect()
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).unwrap_or(&0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
 }
 
 fn total(m: &BTreeMap<String, f64>) -> f64 {
@@ -178,6 +184,7 @@ fn main() {
                 w("resourceclaims"),
                 w("resourceslices"),
             );
+            eprintln!("  {n} pods, {}: requests in the minute: {per_minute:?}", if csi { "csi" } else { "sidecars" });
             node.kubectl_ok(&[
                 "delete",
                 "pods",
