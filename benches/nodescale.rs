@@ -115,11 +115,7 @@ fn requests_per_minute(node: &Node) -> BTreeMap<String, f64> {
     let (_, before) = api_counts(node);
     std::thread::sleep(Duration::from_secs(60));
     let (_, after) = api_counts(node);
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).unwrap_or(&0.0)))
-        .filter(|(_, n)| *n > 0.0)
-        .collect()
+    after.iter().map(|(k, v)| (k.clone(), v - before.get(k).unwrap_or(&0.0))).filter(|(_, n)| *n > 0.0).collect()
 }
 
 fn total(m: &BTreeMap<String, f64>) -> f64 {

@@ -506,6 +506,35 @@ fn check_without_a_webhook_warns_and_passes_when_the_rbac_is_right() {
     assert_eq!(named(&report, "rbac")["status"], "ok", "{report:#}");
 }
 
+#[test]
+fn check_says_whether_a_csi_pods_driver_is_there_as_drafs_node_needs_it() {
+    let Some(cp) = controlplane::private() else { return };
+    namespace(&cp, "csi", json!({}));
+    apply_rbac(&cp, "csi", &[]);
+    let mut p = pod("csi", "app", json!({}));
+    p["spec"]["serviceAccountName"] = json!("drafs");
+    p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}]);
+    p["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true}}]);
+    cp.create(&p);
+    let (code, report) = check_json(&cp, &["-n", "csi", "app"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(named(&report, "injection")["status"], "ok", "{report:#}");
+    assert_eq!(named(&report, "injection")["details"]["mode"], "csi", "{report:#}");
+    let node = named(&report, "node");
+    assert_eq!(node["status"], "fail", "{node:#}");
+    assert!(node["fix"].as_str().unwrap().contains("node.enabled=true"), "{node:#}");
+    // The chart's CSIDriver: right; the pod has no node yet (no kubelet here).
+    cp.ensure(&json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"},
+        "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
+                 "tokenRequests": [{"audience": ""}], "requiresRepublish": true},
+    }));
+    let (_, report) = check_json(&cp, &["-n", "csi", "app"]);
+    let node = named(&report, "node");
+    assert_eq!(node["status"], "ok", "{node:#}");
+    assert!(node["message"].as_str().unwrap().ends_with("the pod has no node yet"), "{node:#}");
+}
+
 /// Twenty configurations whose entries point at endpoints that accept and
 /// never answer: probed at once, within one --timeout (one after another,
 /// each up to twice the timeout, before: 20 x 2 x 2 s).

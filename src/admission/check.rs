@@ -13,12 +13,14 @@ use serde_json::{Value, json};
 
 mod configuration;
 mod injection;
+mod node;
 mod pod;
 mod rbac;
 mod webhook;
 
 pub use configuration::{ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_namespace_mode};
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
+pub use node::node_agent;
 pub use pod::{drafs_container, pod_status};
 pub use rbac::rbac;
 pub use webhook::{EXPIRY_WARNING_DAYS, Probe, Reach, verify, webhook};

@@ -117,6 +117,25 @@ async fn within<T>(limit: Duration, work: impl Future<Output = Result<T, kube::E
     }
 }
 
+/// The CSIDriver and the CSINode of the pod's node, read for `check::node_agent`.
+async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &Value) -> check::Check {
+    use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+    let name = crate::model::names::DEFAULT_CSI_DRIVER;
+    let driver = match within(timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
+        Ok(driver) => driver.and_then(|d| serde_json::to_value(d).ok()),
+        Err(e) => return failed("node", format!("cannot read CSIDriver {name}: {e}")),
+    };
+    let node = match pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        None => None,
+        Some(node) => {
+            let csinode = within(timeout, Api::<CSINode>::all(client.clone()).get_opt(node)).await.ok().flatten();
+            let drivers = csinode.map(|n| n.spec.drivers.into_iter().map(|d| d.name).collect()).unwrap_or_default();
+            Some((node, drivers))
+        }
+    };
+    check::node_agent(name, driver.as_ref(), node)
+}
+
 async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     let mut checks = Vec::new();
     let configurations =
@@ -227,6 +246,12 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
             ..earlier.clone()
         };
         checks.push(check::webhook(&probe, now, c.warn_days));
+    }
+    // A pod served by drafs node: its CSIDriver and its node's registration.
+    if let Some(pod) = &pod_value
+        && inject::csi_volume_of(&pod["spec"]).is_some()
+    {
+        checks.push(node_agent_check(client, c.timeout, pod).await);
     }
     // The pod's drafs container.
     if let Some(pod) = &pod_value {
