@@ -4,7 +4,7 @@
 #   image/check.sh TAG
 set -euo pipefail
 tag=$1
-# 10.17 MB on 2026-12-03 with drafs node (docs/deploy.md says what the size buys).
+# 10.35 MB on 2026-12-03 with drafs node (docs/deploy.md says what the size buys).
 max_bytes=$((10500 * 1000))
 
 ctr=$(buildah from "$tag")
