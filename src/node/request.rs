@@ -116,27 +116,36 @@ impl Publish {
     }
 }
 
-/// The target must be `<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`,
-/// written plainly (no `.`, `..`, or doubled slashes): drafs mounts there.
+/// The target must be a volume directory of the pod's own (see [`volume_dir_pod`]).
 fn check_target(target: &str, kubelet_dir: &Path, uid: &str) -> Result<PathBuf, RequestError> {
-    let refused = || RequestError::Target {
-        target: target.into(),
-        kubelet_dir: kubelet_dir.display().to_string(),
-        uid: uid.into(),
-    };
+    match volume_dir_pod(kubelet_dir, target) {
+        Some(pod) if pod == uid => Ok(PathBuf::from(target)),
+        _ => Err(RequestError::Target {
+            target: target.into(),
+            kubelet_dir: kubelet_dir.display().to_string(),
+            uid: uid.into(),
+        }),
+    }
+}
+
+/// The pod uid of `<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`,
+/// written plainly (no `.`, `..`, doubled or trailing slashes), the only
+/// place drafs mounts or unmounts; None for any other path.
+pub fn volume_dir_pod<'a>(kubelet_dir: &Path, target: &'a str) -> Option<&'a str> {
     let path = Path::new(target);
-    let rest = path.strip_prefix(kubelet_dir.join("pods").join(uid)).map_err(|_| refused())?;
-    let parts: Vec<_> = rest.components().collect();
     let plain = path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
         && !target.contains("//")
         && !target.ends_with('/');
-    match parts.as_slice() {
-        [Component::Normal(v), Component::Normal(csi), Component::Normal(_), Component::Normal(m)]
-            if plain && *v == "volumes" && *csi == "kubernetes.io~csi" && *m == "mount" =>
-        {
-            Ok(path.to_path_buf())
-        }
-        _ => Err(refused()),
+    let rest = path.strip_prefix(kubelet_dir.join("pods")).ok()?;
+    match rest.components().collect::<Vec<_>>().as_slice() {
+        [
+            Component::Normal(uid),
+            Component::Normal(v),
+            Component::Normal(csi),
+            Component::Normal(_),
+            Component::Normal(m),
+        ] if plain && *v == "volumes" && *csi == "kubernetes.io~csi" && *m == "mount" => uid.to_str(),
+        _ => None,
     }
 }
 
@@ -290,6 +299,18 @@ mod tests {
             let mut req = request();
             req.target_path = target.into();
             assert!(matches!(check(&req), Err(RequestError::Target { .. })), "{target:?} was accepted");
+        }
+        // Unpublish asks the same of a path, whoever's pod it is.
+        assert_eq!(
+            volume_dir_pod(Path::new(KUBELET), "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra/mount"),
+            Some("u")
+        );
+        for p in [
+            "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra",
+            "/var/lib/kubelet/plugins/u/volumes/kubernetes.io~csi/dra/mount",
+            "/etc",
+        ] {
+            assert_eq!(volume_dir_pod(Path::new(KUBELET), p), None, "{p}");
         }
         let mut req = request();
         req.volume_context.insert(POD_UID.into(), "../0a1b".into());

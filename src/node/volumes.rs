@@ -27,7 +27,7 @@ use crate::engine::shared::SharedSlices;
 use crate::engine::source::Polling;
 use crate::node::grpc::{Code, Status};
 use crate::node::mounts::{AtTarget, Mounts};
-use crate::node::request::Publish;
+use crate::node::request::{Publish, volume_dir_pod};
 use crate::publish::events::EventsMode;
 
 /// Longest a publish waits for the tree before it answers with what is
@@ -140,7 +140,7 @@ impl<M: Mounts> Volumes<M> {
     /// Unpublish the volume at `target`: stop its run, unmount drafs's tmpfs,
     /// remove the directory. Done already is done.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
-        if !is_volume_dir(&self.kubelet_dir, target) {
+        if target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t)).is_none() {
             return Err(Status::new(
                 Code::InvalidArgument,
                 format!(
@@ -259,18 +259,6 @@ impl<M: Mounts> Volumes<M> {
     }
 }
 
-/// Whether `path` is `<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`.
-pub fn is_volume_dir(kubelet_dir: &Path, path: &Path) -> bool {
-    use std::path::Component;
-    let Ok(rest) = path.strip_prefix(kubelet_dir.join("pods")) else { return false };
-    let parts: Vec<_> = rest.components().collect();
-    let plain = path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-    plain
-        && matches!(parts.as_slice(),
-            [Component::Normal(_), Component::Normal(v), Component::Normal(csi), Component::Normal(_), Component::Normal(m)]
-                if *v == "volumes" && *csi == "kubernetes.io~csi" && *m == "mount")
-}
-
 fn internal(op: &str, path: &Path, e: std::io::Error) -> Status {
     Status::new(Code::Internal, format!("cannot {op} {}: {e}", path.display()))
 }
@@ -302,21 +290,6 @@ async fn wait_published(mut progress: watch::Receiver<Progress>, wait: Duration)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_pod_volume_directories_are_unpublished() {
-        let k = Path::new("/var/lib/kubelet");
-        assert!(is_volume_dir(k, Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra/mount")));
-        for p in [
-            "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra/../../../../../etc/x/mount",
-            "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra",
-            "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/dra/mount",
-            "/var/lib/kubelet/plugins/u/volumes/kubernetes.io~csi/dra/mount",
-            "/etc",
-        ] {
-            assert!(!is_volume_dir(k, Path::new(p)), "{p}");
-        }
-    }
 
     #[tokio::test]
     async fn a_publish_answers_when_the_tree_is_written_or_says_what_is_missing() {
