@@ -61,14 +61,12 @@ impl SliceSet {
 pub struct SharedSlices {
     client: Client,
     scopes: Mutex<HashMap<Scope, watch::Receiver<Arc<SliceSet>>>>,
-    /// Lists and watches made, for the node agent's figures.
-    requests: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SharedSlices {
     /// Slices read with `client` (the node agent's own account).
     pub fn new(client: Client) -> Arc<Self> {
-        Arc::new(SharedSlices { client, scopes: Mutex::new(HashMap::new()), requests: Arc::default() })
+        Arc::new(SharedSlices { client, scopes: Mutex::new(HashMap::new()) })
     }
 
     /// The scope's sets, following it from now on if nobody did yet.
@@ -78,37 +76,20 @@ impl SharedSlices {
             .entry(scope.clone())
             .or_insert_with(|| {
                 let (tx, rx) = watch::channel(Arc::new(SliceSet::default()));
-                let (client, requests) = (self.client.clone(), self.requests.clone());
-                tokio::spawn(follow(client, scope.clone(), tx, requests));
+                tokio::spawn(follow(self.client.clone(), scope.clone(), tx));
                 rx
             })
             .clone()
-    }
-
-    /// How many scopes are followed (each holds one watch).
-    pub fn followed(&self) -> usize {
-        self.scopes.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Lists and watches started so far.
-    pub fn requests(&self) -> u64 {
-        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
 /// List, then watch, then list again on any trouble, forever (until nobody
 /// listens).
-async fn follow(
-    client: Client,
-    scope: Scope,
-    tx: watch::Sender<Arc<SliceSet>>,
-    requests: Arc<std::sync::atomic::AtomicU64>,
-) {
+async fn follow(client: Client, scope: Scope, tx: watch::Sender<Arc<SliceSet>>) {
     let mut retry = RetryBackoff::default();
     let mut watches = 0u64;
     let seed = crate::model::backoff::seed_of(&scope.to_string());
     while !tx.is_closed() {
-        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (mut slices, mut resource_version) = match list(&client, &scope).await {
             Ok(listed) => listed,
             Err(error) => {
@@ -127,7 +108,6 @@ async fn follow(
         // Watch from the list's version until it breaks or expires.
         loop {
             watches += 1;
-            requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
             match watch_once(&client, &scope, &resource_version, seconds, &tx).await {
                 Ok(Some(last)) => resource_version = last,

@@ -185,11 +185,6 @@ impl<M: Mounts> Volumes<M> {
         futures::future::join_all(volumes.into_iter().map(Volume::stop)).await;
     }
 
-    /// How many volumes are published.
-    pub async fn count(&self) -> usize {
-        self.published.lock().await.len()
-    }
-
     /// A tmpfs of drafs's at `target`: made, or found (the agent restarted).
     fn mount(&self, target: &Path) -> Result<(), Status> {
         match self.mounts.at(target).map_err(|e| internal("read the mount table", target, e))? {
