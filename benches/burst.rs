@@ -11,8 +11,7 @@
 //! with FUSE. `DRAFS_BIN=path` measures another binary;
 //! `cargo bench --bench burst -- FUSE tmpfs` runs only the rows named so.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::path::Path;
 use std::process::{Child, Stdio};

@@ -14,8 +14,7 @@
 //! the kube tests); `DRAFS_BENCH_PODS` (20) and `DRAFS_BENCH_WINDOW` (seconds,
 //! 180) size the second part. Prints Markdown tables.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

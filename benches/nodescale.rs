@@ -14,8 +14,7 @@
 //! Run: `cargo bench --bench nodescale` (builds the node on first use, like
 //! the real-node tests; about 15 minutes). Prints a Markdown table.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

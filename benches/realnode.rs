@@ -15,8 +15,7 @@
 //! Run: `cargo bench --bench realnode` (builds the node on first use, like the
 //! real-node tests). Prints a Markdown table.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -7,8 +7,7 @@
 //! slices. Prints a Markdown table; `DRAFS_BIN=path` measures another binary
 //! (e.g. the image's).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -16,8 +16,7 @@
 //! `DRAFS_BENCH_UPDATES=N` changes the number of updates and of flips (100);
 //! `DRAFS_BENCH_SMAPS=DIR` keeps a copy of each process's smaps at each phase.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::io::Read;
 use std::path::Path;

@@ -4,8 +4,7 @@
 //! spawning the binary to its exit (tree written), the API requests it made and
 //! how many of them had to wait for each other (sequential round trips).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::time::{Duration, Instant};
 

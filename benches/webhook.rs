@@ -14,8 +14,7 @@
 //! `-- throughput` only the first, `-- shapes` only the worst shapes (the
 //! pods with the most memory per byte of JSON the webhook still answers).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use drafs_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

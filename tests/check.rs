@@ -4,7 +4,7 @@
 //! and the fix, the webhook's certificate against caBundle, and what drafs
 //! reported on a pod (its status written through pods/status: no kubelet here).
 
-mod support;
+use drafs_test_support as support;
 
 use std::process::Output;
 use std::time::Duration;

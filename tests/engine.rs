@@ -4,7 +4,7 @@
 //! `get` run them), then the binary's serve loop under failing watches, pool
 //! republishes and bursts of changes.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

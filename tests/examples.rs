@@ -1,7 +1,7 @@
 //! The manifests in examples/ run as written: their drafs args, probes and hooks
 //! are executed for real (directories moved into scratch space).
 
-mod support;
+use drafs_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `drafs exec` and `drafs copy-self`: apps that only read environment
 //! variables; and what the commands say when their input is missing.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

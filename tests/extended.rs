@@ -5,7 +5,7 @@
 //! `init`, `get`, `exec` and `serve`), admin access, device taints, and a
 //! claim shared by two pods.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! server-side validation under the restricted Pod Security level, and
 //! install, upgrade and uninstall.
 
-mod support;
+use drafs_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

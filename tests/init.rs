@@ -1,6 +1,6 @@
 //! `drafs init` and `drafs get` against the test API server, run as the real binary.
 
-mod support;
+use drafs_test_support as support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

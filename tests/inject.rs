@@ -1,7 +1,7 @@
 //! `drafs inject`: manifests in, the same manifests with drafs added out, as
 //! kubectl reads them; files, directories and standard input.
 
-mod support;
+use drafs_test_support as support;
 
 use support::*;
 

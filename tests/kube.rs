@@ -5,7 +5,7 @@
 //! them. Fails, not skips, when the control plane cannot be built or started;
 //! outside CI, DRAFS_NO_KUBE_TESTS=1 skips it (loudly).
 
-mod support;
+use drafs_test_support as support;
 
 use std::process::Output;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! a new token restarts the run on the same tree, unpublish twice is fine,
 //! nothing is created for a refused publish.
 
-mod support;
+use drafs_test_support as support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! container of its own and at the `restricted` Pod Security level, reads its
 //! device's values from its first instruction on, and sees them change.
 
-mod support;
+use drafs_test_support as support;
 
 use std::process::Child;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! endpoints (bounded against a flood of clients), and serving on through a
 //! full disk.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! runs, its quick start prints what it shows, and every file it or docs/
 //! names exists.
 
-mod support;
+use drafs_test_support as support;
 
 use support::*;
 

@@ -9,7 +9,7 @@
 //! DRAFS_NO_NODE_TESTS=1 skips it (loudly). nextest runs these tests one at a
 //! time (.config/nextest.toml): each starts its own node.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

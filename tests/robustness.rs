@@ -1,7 +1,7 @@
 //! Mangled inputs: whatever the objects look like, drafs gives a result or a
 //! clear error, never a panic, and never a path outside the tree.
 
-mod support;
+use drafs_test_support as support;
 
 use drafs::model::objects::FileObjects;
 use drafs::model::resolve::{Selection, resolve};

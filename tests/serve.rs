@@ -1,7 +1,7 @@
 //! `drafs serve` and `drafs probe` against the test API server: real FUSE mounts
 //! (these tests need root and /dev/fuse, which CI has) and the files backend.
 
-mod support;
+use drafs_test_support as support;
 
 use std::os::unix::process::CommandExt;
 use std::time::Duration;

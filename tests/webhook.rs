@@ -1,7 +1,7 @@
 //! `drafs webhook` as a process over real TLS: reviews, bad requests, certificate
 //! rotation, bad certificates, shutdown.
 
-mod support;
+use drafs_test_support as support;
 
 use std::time::Duration;
 

@@ -9,8 +9,9 @@ use super::{Env, TestApi};
 
 pub const TOKEN: &str = "drafs-sa-token";
 
+/// A path in the drafs checkout (this crate lives in its `tests/support`).
 pub fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
 }
 
 pub fn read(rel: &str) -> String {
@@ -19,7 +20,12 @@ pub fn read(rel: &str) -> String {
 
 /// The RBAC `drafs manifests rbac --namespace NS --events` prints.
 pub fn rbac_yaml(namespace: &str) -> String {
-    drafs::admission::manifests::to_yaml(&drafs::admission::manifests::rbac(namespace, "drafs", true)).unwrap()
+    let out = std::process::Command::new(super::drafs_bin())
+        .args(["manifests", "rbac", "--events", "--namespace", namespace])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "drafs manifests rbac: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A test API server authorizing by the RBAC drafs ships (`drafs manifests

@@ -7,10 +7,17 @@ use std::time::{Duration, Instant};
 
 use super::{TestApi, repo_path};
 
-/// The binary under test: cargo's build, or `DRAFS_BIN` (benchmarks use it to
-/// measure the shipped image binary).
+/// The binary under test: `DRAFS_BIN` (benchmarks use it to measure the
+/// shipped image binary), nextest's path to it, or cargo's build beside the
+/// test binary (`target/<profile>/deps/<test>` → `target/<profile>/drafs`,
+/// which cargo builds before any integration test or benchmark).
 pub fn drafs_bin() -> PathBuf {
-    std::env::var_os("DRAFS_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drafs")))
+    if let Some(bin) = std::env::var_os("DRAFS_BIN").or_else(|| std::env::var_os("NEXTEST_BIN_EXE_drafs")) {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("a test binary lives in target/<profile>/deps");
+    profile_dir.join(format!("drafs{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// A scratch directory with a kubeconfig pointing at the test API server.

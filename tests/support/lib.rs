@@ -3,9 +3,8 @@
 //! (`controlplane`) and scenarios on it (`cluster`), the real node (`node`),
 //! the webhook (`webhook`, `tls`), and running the binary (`process`). The
 //! helpers are re-exported here, so tests use `support::...` whatever file
-//! holds them.
-
-#![allow(dead_code, unused_imports)]
+//! holds them. A crate of its own (compiled once for every test binary and
+//! benchmark); it runs the drafs binary and never links the library.
 
 pub mod apiserver;
 pub mod cluster;
