@@ -25,10 +25,6 @@ fn extended() -> (TestApi, Env) {
     example(NS, POD, "examples/offline/extended-gpu.yaml")
 }
 
-fn assert_ok(out: &std::process::Output) {
-    assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
-}
-
 #[test]
 fn init_serves_each_containers_device_and_the_standard_view_of_the_generated_claim() {
     let (api, env) = extended();

@@ -1,4 +1,7 @@
-//! `drafs init` and `drafs get` against the test API server, run as the real binary.
+//! `drafs init` against the test API server, run as the real binary: the tree
+//! and standard view it writes, what it waits for and for how long, what it
+//! reads, its Events and logs, and what it never touches. How it fails is in
+//! failures.rs, `drafs get` in get.rs, drivers' data in driver_data.rs.
 
 use drafs_test_support as support;
 
@@ -10,24 +13,6 @@ use support::*;
 
 /// A safety net only: every run normally ends by itself long before.
 const LIMIT: Duration = Duration::from_secs(90);
-
-fn init(env: &Env, extra: &[&str]) -> std::process::Output {
-    let dir = env.path("dra");
-    let mut args = vec!["init", "--dir", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    env.run(&args, LIMIT)
-}
-
-fn assert_ok(out: &std::process::Output) {
-    assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
-}
-
-fn assert_failed(out: &std::process::Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "expected exit 1\nstderr: {}", stderr(out));
-    let err = stderr(out);
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
 
 /// GETs and LISTs, as sorted (verb resource, field selector) pairs.
 fn reads(api: &TestApi) -> Vec<(String, String)> {
@@ -48,7 +33,7 @@ fn pair(a: &str, b: &str) -> (String, String) {
 #[test]
 fn template_claim_with_stale_pool_generation() {
     let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    assert_ok(&init(&env, &["--timeout", "30s", "--events=all"]));
+    assert_ok(&env.init(&["--timeout", "30s", "--events=all"]));
     let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["gpu/gpu/0/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
     assert_eq!(tree["gpu/gpu/0/gpu.nvidia.com/uuid"], "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b");
@@ -93,7 +78,7 @@ fn template_claim_with_stale_pool_generation() {
 #[test]
 fn two_nics_with_list_attributes_and_network_status() {
     let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
-    assert_ok(&init(&env, &["--require", "nics/rdma/1/.status/interfaceName"]));
+    assert_ok(&env.init(&["--require", "nics/rdma/1/.status/interfaceName"]));
     let tree = read_tree(&env.path("dra"));
     // Allocation order decides the index, not the slice order.
     assert_eq!(tree["nics/rdma/0/.device"], "pci-0000-c1-00-0");
@@ -147,7 +132,7 @@ fn direct_claim_prioritized_subrequest_and_network_attached_device() {
         &[("nic-7", json!({"ifName": {"string": "ib0"}}))],
     ));
     let env = Env::new(&api, "ns1", "p", TOKEN);
-    assert_ok(&init(&env, &[]));
+    assert_ok(&env.init(&[]));
     let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["acc/gpu/0/uuid"], "G1");
     assert_eq!(tree["acc/gpu/0/.request"], "gpu/large");
@@ -177,7 +162,7 @@ fn metadata_view_matches_the_standard_layout() {
     // Template claim (rdma) and direct claim (vm passthrough), decoded back.
     let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
     let meta = env.path("meta");
-    assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
+    assert_ok(&env.init(&["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
     assert_eq!(files.keys().collect::<Vec<_>>(), vec!["resourceclaimtemplates/nics/rdma/dra.net-metadata.json"]);
     // No symlink on the way: a container runtime resolves a driver's bind
@@ -220,7 +205,7 @@ fn metadata_view_matches_the_standard_layout() {
 
     let (_api, env) = example("vms", "virt-launcher-win11-abcde", "examples/offline/vm-passthrough.yaml");
     let meta = env.path("meta");
-    assert_ok(&init(&env, &["--metadata-dir", meta.to_str().unwrap()]));
+    assert_ok(&env.init(&["--metadata-dir", meta.to_str().unwrap()]));
     let files = read_tree(&meta);
     let text = &files["resourceclaims/win11-vgpu/pgpu/gpu.nvidia.com-metadata.json"];
     let doc: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
@@ -285,7 +270,7 @@ fn claim_that_needs_no_resource_is_absent_not_an_error() {
     p["status"]["resourceClaimStatuses"].as_array_mut().unwrap().push(json!({"name": "optional"}));
     api.apply(p);
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
-    assert_ok(&init(&env, &[]));
+    assert_ok(&env.init(&[]));
     let tree = read_tree(&env.path("dra"));
     assert!(tree.contains_key("gpu/gpu/0/uuid"));
     assert!(!tree.keys().any(|k| k.starts_with("optional")));
@@ -298,7 +283,7 @@ fn timeout_names_what_is_missing_and_writes_the_termination_log() {
     api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g7")])));
     api.apply(slice("s", "gpu.example.com", "n1", 3, Some("n1"), &[("g0", json!({}))]));
     let env = Env::new(&api, "ml", "p", TOKEN);
-    let out = init(&env, &["--timeout", "2s", "--require", "gpu/gpu/0/uuid"]);
+    let out = env.init(&["--timeout", "2s", "--require", "gpu/gpu/0/uuid"]);
     let err = assert_failed(&out);
     for needle in
         ["not ready after 2s", "claim gpu", "request gpu", "gpu.example.com/n1/g7", "generation 3", "gpu/gpu/0/uuid"]
@@ -354,196 +339,13 @@ fn require_waits_for_device_status() {
 }
 
 #[test]
-fn forbidden_names_verb_resource_and_the_rbac_example() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
-    api.add_token("other", "system:serviceaccount:ml:someone-else");
-    let env = Env::new(&api, "ml", "trainer-0", "other");
-    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
-    assert!(err.contains("forbidden") && err.contains("get pods") && err.contains("drafs manifests rbac"), "{err}");
-    assert!(env.termination_log().contains("get pods"));
-
-    // Without the ClusterRoleBinding the slices are the missing grant.
-    let rbac: String = rbac_yaml("ml");
-    let without: Vec<&str> = rbac.split("\n---\n").filter(|d| !d.contains("kind: ClusterRoleBinding")).collect();
-    let api = TestApi::start(&without.join("\n---\n"), "ml");
-    api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
-    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
-    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
-    assert!(err.contains("may not list resourceslices") && err.contains("spec.nodeName=gpu-node-7"), "{err}");
-    assert_eq!(api.events()[0]["type"], "Warning", "the failure is also an event");
-}
-
-#[test]
-fn unauthorized_token() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
-    let env = Env::new(&api, "ml", "trainer-0", "wrong-token");
-    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
-    assert!(err.contains("unauthorized"), "{err}");
-}
-
-#[test]
-fn shipped_rbac_is_exactly_what_is_used() {
-    // A run that waits (claim allocated late, slice published late) uses every
-    // verb: get, list and watch, and create for the Normal event with --events=all.
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", None));
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    let dir = env.path("dra");
-    let child = env.spawn(&["init", "--dir", dir.to_str().unwrap(), "--events=all"]);
-    let watches = |api: &TestApi| {
-        api.requests().iter().filter(|r| r.verb == "watch").map(|r| r.field_selector.clone()).collect::<BTreeSet<_>>()
-    };
-    wait_until("a watch on the unallocated claim", LIMIT, || watches(&api).len() == 1);
-    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "shared-pool", "g0")])));
-    wait_until("watches on node slices and driver slices", LIMIT, || watches(&api).len() == 3);
-    api.apply(slice("s", "gpu.example.com", "shared-pool", 1, None, &[("g0", json!({"uuid": {"string": "X"}}))]));
-    assert_ok(&wait_output(child, LIMIT));
-    let used: BTreeSet<(String, String)> = api
-        .requests()
-        .iter()
-        .filter(|r| (200..300).contains(&r.status))
-        .map(|r| (r.verb.clone(), r.resource.clone()))
-        .collect();
-    let expected: BTreeSet<(String, String)> = [
-        ("create", "events"),
-        ("get", "pods"),
-        ("list", "resourceclaims"),
-        ("watch", "resourceclaims"),
-        ("list", "resourceslices"),
-        ("watch", "resourceslices"),
-    ]
-    .iter()
-    .map(|(v, r)| (v.to_string(), r.to_string()))
-    .collect();
-    assert_eq!(used, expected);
-    // The Roles and the ClusterRole grant exactly these and nothing else.
-    let rbac = yaml_docs(&rbac_yaml("ml"));
-    let mut granted = BTreeSet::new();
-    for doc in rbac.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole") {
-        for rule in doc["rules"].as_array().unwrap() {
-            for res in rule["resources"].as_array().unwrap() {
-                for verb in rule["verbs"].as_array().unwrap() {
-                    granted.insert((verb.as_str().unwrap().to_string(), res.as_str().unwrap().to_string()));
-                }
-            }
-        }
-    }
-    // serve also watches the pod, for device health (tests/serve.rs sees it used).
-    let mut for_serve = expected.clone();
-    for_serve.insert(("watch".to_string(), "pods".to_string()));
-    assert_eq!(granted, for_serve);
-    assert!(api.requests().iter().all(|r| r.status != 403));
-}
-
-#[test]
-fn transient_failures_are_retried() {
-    let api = api_for("ml");
-    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
-    api.inject(Fault { verb: Some("get".into()), resource: Some(Res::Pods), status: 503, count: 2 });
-    api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceSlices), status: 500, count: 1 });
-    api.inject(Fault { verb: Some("list".into()), resource: Some(Res::ResourceClaims), status: 0, count: 1 });
-    let env = Env::new(&api, "ml", "trainer-0", TOKEN);
-    let out = init(&env, &["--timeout", "60s"]);
-    assert_ok(&out);
-    assert_eq!(read_tree(&env.path("dra"))["gpu/gpu/0/productName"], "NVIDIA H200");
-    let failed = api.requests().iter().filter(|r| !(200..300).contains(&r.status)).count();
-    assert_eq!(failed, 4);
-}
-
-#[test]
-fn unreachable_api_server_times_out_with_the_cause() {
-    let api = api_for("ml");
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    drop(api); // nothing listens on its port any more
-    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
-    assert!(err.contains("not ready after 2s") && err.contains("pod ml/p not fetched yet"), "{err}");
-    assert!(err.to_lowercase().contains("connect"), "the cause is named: {err}");
-}
-
-#[test]
-fn pod_not_found() {
-    let api = api_for("ml");
-    let env = Env::new(&api, "ml", "ghost", TOKEN);
-    let err = assert_failed(&init(&env, &["--timeout", "60s"]));
-    assert!(err.contains("pod ml/ghost not found") && err.contains("POD_NAME"), "{err}");
-}
-
-#[test]
-fn unknown_claim_selection_fails_at_once() {
-    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    let err = assert_failed(&init(&env, &["--claim", "gpus", "--timeout", "60s"]));
-    assert!(err.contains("no resource claim named \"gpus\"") && err.contains("it has: gpu"), "{err}");
-}
-
-#[test]
-fn hostile_and_malformed_attributes_are_skipped_with_warnings() {
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
-    api.apply(slice(
-        "s",
-        "gpu.example.com",
-        "n1",
-        1,
-        Some("n1"),
-        &[(
-            "g0",
-            json!({
-                "uuid": {"string": "OK"},
-                "../../../escape": {"string": "x"},
-                "evil.com/../../x": {"string": "x"},
-                ".ready": {"string": "x"},
-                "float": {"float": 1.5},
-                "two": {"int": 1, "string": "1"},
-            }),
-        )],
-    ));
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    let before: BTreeSet<_> = std::fs::read_dir(env.dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
-    let out = init(&env, &[]);
-    assert_ok(&out);
-    let after: BTreeSet<_> = std::fs::read_dir(env.dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert_eq!(after.difference(&before).count(), 1, "only the dra directory is new");
-    let tree = read_tree(&env.path("dra"));
-    let attrs: Vec<&String> = tree.keys().filter(|k| !k.contains("/.") && k.starts_with("gpu/")).collect();
-    assert_eq!(attrs, vec!["gpu/gpu/0/gpu.example.com/uuid", "gpu/gpu/0/uuid"]);
-    let err = stderr(&out);
-    for key in ["../../../escape", "evil.com/../../x", ".ready", "float", "two"] {
-        assert!(err.contains(&format!("attribute {key:?} skipped")), "no warning for {key}: {err}");
-    }
-}
-
-#[test]
-fn malformed_objects_give_a_clear_error() {
-    // A slice the API returns in a shape no ResourceSlice has.
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "")])));
-    let mut bad = slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[]);
-    bad["spec"]["pool"]["generation"] = json!("many");
-    api.apply(bad);
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
-    assert!(err.contains("cannot list resourceslices (spec.nodeName=n1)") && err.contains("invalid type"), "{err}");
-
-    // An allocation result without a device.
-    api.delete("ResourceSlice", "", "s");
-    let err = assert_failed(&init(&env, &["--timeout", "2s"]));
-    assert!(err.contains("lacks driver, pool or device"), "{err}");
-}
-
-#[test]
 fn rerun_replaces_the_tree_atomically() {
     let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    assert_ok(&init(&env, &[]));
+    assert_ok(&env.init(&[]));
     let mut s = api.get("ResourceSlice", "", "gpu-node-7-gpu.nvidia.com-k2m9x").unwrap();
     s["spec"]["devices"][1]["attributes"]["uuid"] = json!({"string": "GPU-NEW"});
     api.apply(s);
-    assert_ok(&init(&env, &[]));
+    assert_ok(&env.init(&[]));
     let dir = env.path("dra");
     assert_eq!(read_tree(&dir)["gpu/gpu/0/uuid"], "GPU-NEW");
     let payloads = std::fs::read_dir(&dir)
@@ -556,152 +358,6 @@ fn rerun_replaces_the_tree_atomically() {
 }
 
 #[test]
-fn get_prints_table_and_json_from_the_api() {
-    let (_api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
-    let out = env.run(&["get"], LIMIT);
-    assert_ok(&out);
-    let table = stdout(&out);
-    let header = table.lines().next().unwrap();
-    assert!(header.starts_with("CLAIM") && header.contains("ATTRIBUTE") && header.contains("VALUE"), "{table}");
-    let row = table.lines().find(|l| l.contains(".status/interfaceName") && l.contains("net2")).unwrap();
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells, vec!["nics", "rdma", "1", "dra.net", "pci-0000-41-00-0", ".status/interfaceName", "net2"]);
-
-    let out = env.run(&["get", "-o", "json"], LIMIT);
-    assert_ok(&out);
-    let whole: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(whole["ready"], true);
-    assert_eq!(whole["claims"][0]["devices"][1]["status"]["interfaceName"], "net2");
-}
-
-#[test]
-fn get_reports_incomplete_resolution() {
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", None));
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    let out = env.run(&["get", "--timeout", "30s"], LIMIT);
-    let err = assert_failed(&out);
-    assert!(err.contains("ResourceClaim c is not allocated yet"), "{err}");
-}
-
-#[test]
-fn from_file_needs_no_cluster() {
-    let env_dir = tempfile::tempdir().unwrap();
-    let dir = env_dir.path().join("dra");
-    let run = |args: &[&str]| {
-        let child = std::process::Command::new(drafs_bin())
-            .args(args)
-            .env_clear()
-            .env("HOME", env_dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_output(child, LIMIT)
-    };
-    let example = repo_path("examples/offline/vm-passthrough.yaml");
-    let out = run(&["init", "--from-file", example.to_str().unwrap(), "--dir", dir.to_str().unwrap()]);
-    assert_ok(&out);
-    assert_eq!(read_tree(&dir)["passthrough/pgpu/0/resource.kubernetes.io/pciBusID"], "0000:af:00.0");
-
-    let out = run(&["get", "--from-file", example.to_str().unwrap(), "-o", "tree"]);
-    assert_ok(&out);
-    assert!(stdout(&out).lines().any(|l| l == "passthrough/pgpu/0/resource.kubernetes.io/pciBusID  0000:af:00.0"));
-
-    // A file whose device is not published: a clear error at once, nothing written.
-    let broken = env_dir.path().join("broken.yaml");
-    let text = read("examples/offline/vm-passthrough.yaml").replace("name: gpu-vfio-1", "name: gpu-vfio-9");
-    std::fs::write(&broken, text).unwrap();
-    let dir2 = env_dir.path().join("dra2");
-    let out = run(&[
-        "init",
-        "--from-file",
-        broken.to_str().unwrap(),
-        "--dir",
-        dir2.to_str().unwrap(),
-        "--termination-log",
-        "/nonexistent/log",
-    ]);
-    let err = assert_failed(&out);
-    assert!(err.contains("gpu.nvidia.com/metal-12/gpu-vfio-1"), "{err}");
-    assert!(!dir2.exists());
-}
-
-#[test]
-fn bad_flags_exit_with_usage_code() {
-    let out = std::process::Command::new(drafs_bin()).args(["init", "--require", "../../etc/passwd"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", "soon"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("invalid duration"));
-    // Out of range: a usage error, never an overflow panic.
-    for huge in ["18446744073709551615s", "18446744073709551615", "9999999999h"] {
-        let out = std::process::Command::new(drafs_bin()).args(["init", "--timeout", huge]).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{huge}: {}", stderr(&out));
-        assert!(stderr(&out).contains("longer than the maximum"), "{}", stderr(&out));
-        assert!(!stderr(&out).contains("panicked"));
-    }
-}
-
-#[test]
-fn a_pod_that_cannot_be_named_is_a_usage_error_before_anything_starts() {
-    let scratch = tempfile::tempdir().unwrap();
-    let tree = scratch.path().join("dra");
-    let log = scratch.path().join("termination-log");
-    std::fs::write(&log, "").unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    for command in ["init", "serve"] {
-        let mut args = vec![command, "--dir", tree.to_str().unwrap(), "--metrics-addr", &addr];
-        args.extend(["--termination-log", log.to_str().unwrap()]);
-        if command == "serve" {
-            args.extend(["--backend", "files"]);
-        }
-        // No POD_NAME, no HOSTNAME, no credentials.
-        let out = std::process::Command::new(drafs_bin()).args(&args).env_clear().output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
-        assert!(stderr(&out).contains("cannot tell which pod to read"), "{}", stderr(&out));
-        assert!(!tree.exists(), "{command}: nothing written");
-        assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "a usage error is not a pod's failure");
-    }
-}
-
-#[test]
-fn overlapping_dir_and_metadata_dir_are_refused_before_anything_is_written() {
-    let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    let fixture = repo_path("examples/offline/gpu-training.yaml");
-    let base = env.path("out");
-    let same = base.join("dra");
-    let cases = [
-        (same.clone(), same.clone()),
-        (same.clone(), same.join("meta")),
-        (same.join("tree"), same.clone()),
-        (same.clone(), base.join("x/../dra/")),
-    ];
-    for (command, backend) in [("init", None), ("serve", Some("files"))] {
-        for (dir, meta) in &cases {
-            let mut args = vec![command, "--dir", dir.to_str().unwrap(), "--metadata-dir", meta.to_str().unwrap()];
-            args.extend(["--from-file", fixture.to_str().unwrap()]);
-            if let Some(b) = backend {
-                args.extend(["--backend", b]);
-            }
-            let out = env.run(&args, LIMIT);
-            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-            let err = stderr(&out);
-            assert!(err.contains("--metadata-dir") && err.contains("overlaps"), "{args:?}: {err}");
-            assert!(!base.exists(), "{args:?}: something was written");
-        }
-    }
-    // Side by side is fine.
-    let out = env.run(
-        &["init", "--dir", same.to_str().unwrap(), "--metadata-dir", base.join("dra-meta").to_str().unwrap()],
-        LIMIT,
-    );
-    assert_ok(&out);
-    assert!(same.join(".ready").exists() && !read_tree(&base.join("dra-meta")).is_empty());
-}
-
-#[test]
 fn events_are_optional() {
     // RBAC without the optional events Role: a single warning, and ready all the same.
     let rbac: String = rbac_yaml("ml");
@@ -711,9 +367,9 @@ fn events_are_optional() {
     api.load_yaml(&read("examples/offline/gpu-training.yaml"));
     let env = Env::new(&api, "ml", "trainer-0", TOKEN);
     // By default only warnings are recorded: a successful start sends none.
-    assert_ok(&init(&env, &[]));
+    assert_ok(&env.init(&[]));
     assert!(api.requests().iter().all(|r| r.verb != "create"));
-    let out = init(&env, &["--events=all"]);
+    let out = env.init(&["--events=all"]);
     assert_ok(&out);
     assert!(stderr(&out).contains("cannot create events"), "{}", stderr(&out));
     assert!(api.events().is_empty());
@@ -721,14 +377,14 @@ fn events_are_optional() {
 
     // --events=false: not even tried.
     api.clear_requests();
-    assert_ok(&init(&env, &["--events=false"]));
+    assert_ok(&env.init(&["--events=false"]));
     assert!(api.requests().iter().all(|r| r.verb != "create"));
 }
 
 #[test]
 fn json_logs_are_one_object_per_line() {
     let (_api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    let out = init(&env, &["--log-format", "json"]);
+    let out = env.init(&["--log-format", "json"]);
     assert_ok(&out);
     let lines: Vec<Value> =
         stderr(&out).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
@@ -737,53 +393,11 @@ fn json_logs_are_one_object_per_line() {
 
     // A failure is a JSON error line too.
     let env = Env::new(&_api, "ml", "ghost", TOKEN);
-    let out = init(&env, &["--log-format", "json"]);
+    let out = env.init(&["--log-format", "json"]);
     assert_eq!(out.status.code(), Some(1));
     let last: Value = serde_json::from_str(stderr(&out).lines().last().unwrap()).unwrap();
     assert_eq!(last["level"], "ERROR");
     assert!(last["message"].as_str().unwrap().contains("pod ml/ghost not found"));
-}
-
-#[test]
-fn a_stalled_api_server_is_bounded_by_the_timeout_for_init_get_and_exec() {
-    // The server accepts the connection and never answers.
-    let (api, env) = example("ml", "trainer-0", "examples/offline/gpu-training.yaml");
-    api.set_latency(Duration::from_secs(3600));
-    for args in [
-        vec!["init", "--dir", env.path("dra").to_str().unwrap(), "--timeout", "2s"],
-        vec!["get", "--timeout", "2s"],
-        vec!["exec", "--timeout", "2s", "--env", "U=gpu/gpu/0/uuid", "--", "true"],
-    ] {
-        let started = std::time::Instant::now();
-        let out = env.run(&args, LIMIT);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
-        assert!(started.elapsed() < Duration::from_secs(20), "{args:?} took {:?}", started.elapsed());
-        let err = stderr(&out);
-        assert!(err.contains("not ready after 2s") && err.contains("not fetched yet"), "{args:?}: {err}");
-        assert!(err.contains("no answer"), "{args:?}: {err}");
-    }
-}
-
-#[test]
-fn get_escapes_control_characters_for_terminals() {
-    let api = api_for("ml");
-    api.apply(pod("ml", "p", "n1", &[("gpu", Ok("c"))], &[]));
-    api.apply(claim("ml", "c", Some(&[("gpu", "gpu.example.com", "n1", "g0")])));
-    let hostile = "red\u{1b}[31mALERT\u{1b}[0m\nfake-row\r\u{7}";
-    api.apply(slice("s", "gpu.example.com", "n1", 1, Some("n1"), &[("g0", json!({"uuid": {"string": hostile}}))]));
-    let env = Env::new(&api, "ml", "p", TOKEN);
-    for format in ["table", "tree"] {
-        let out = env.run(&["get", "-o", format], LIMIT);
-        assert_ok(&out);
-        let text = stdout(&out);
-        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{format}: {text:?}");
-        assert!(text.contains("red\\u{1b}[31mALERT\\u{1b}[0m\\nfake-row\\r\\u{7}"), "{format}: {text}");
-        assert!(!text.lines().any(|l| l.starts_with("fake-row")), "{format}: a value cannot start a line");
-    }
-    // The file itself holds the exact value.
-    let dir = env.path("dra");
-    assert_ok(&init(&env, &[]));
-    assert_eq!(std::fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), hostile);
 }
 
 #[test]
@@ -799,7 +413,7 @@ fn init_never_deletes_what_it_did_not_write() {
     std::fs::create_dir(dir.join("..123.456.0")).unwrap();
     std::fs::write(dir.join("..123.456.0/x"), "not a drafs payload").unwrap();
     for _ in 0..2 {
-        assert_ok(&init(&env, &[]));
+        assert_ok(&env.init(&[]));
         assert_eq!(read_tree(&dir)["gpu/gpu/0/productName"], "NVIDIA H200");
     }
     assert_eq!(std::fs::read_to_string(dir.join("..backup/inner/keep.txt")).unwrap(), "backup");
@@ -818,29 +432,6 @@ fn init_never_deletes_what_it_did_not_write() {
         .filter(|n| !["..backup", "..2024_config", "..data_tmp", "..123.456.0", "..data"].contains(&n.as_str()))
         .collect();
     assert_eq!(ours, vec![&data], "{hidden:?}");
-}
-
-/// Data nested deeper than a `serde_json::Value` parses (128 levels) is kept
-/// as the text it is; only its members are bounded.
-#[test]
-fn deeply_nested_device_data_is_kept_raw_not_fatal() {
-    let (api, env, mut claim) = nic_without_status();
-    let mut deep = json!(1);
-    for _ in 0..140 {
-        deep = json!({ "a": deep });
-    }
-    claim["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0",
-        "networkData": {"interfaceName": "eth7"}, "data": deep}]);
-    api.apply(claim);
-    let dir = env.path("dra");
-    let out = init(&env, &["--timeout", "20s"]);
-    assert_ok(&out);
-    let tree = read_tree(&dir);
-    assert_eq!(tree["net/eth/0/.status/interfaceName"], "eth7");
-    assert_eq!(tree["net/eth/0/.status/data"], deep.to_string());
-    assert!(!tree.keys().any(|k| k.contains("/.status/data.d/")), "only a deepest leaf, beyond 8 levels");
-    let err = stderr(&out);
-    assert_eq!(err.matches("status data deeper than 8 levels skipped").count(), 1, "{err}");
 }
 
 /// A newcomer's first hour: a pod that uses no claims, and a Deployment given
@@ -896,7 +487,7 @@ fn a_pod_without_claims_and_a_workload_file_are_explained() {
 #[test]
 fn consumed_capacity_of_shared_devices_in_the_tree_json_and_get() {
     let (_api, env) = example("serving", "inference-0", "examples/offline/shared-gpu.yaml");
-    assert_ok(&init(&env, &["--timeout", "30s", "--require", "gpu/gpu/0/.consumed/gpu.nvidia.com/memory"]));
+    assert_ok(&env.init(&["--timeout", "30s", "--require", "gpu/gpu/0/.consumed/gpu.nvidia.com/memory"]));
     let tree = read_tree(&env.path("dra"));
     assert_eq!(tree["gpu/gpu/0/.consumed/gpu.nvidia.com/memory"], "20Gi");
     assert_eq!(tree["gpu/gpu/0/.capacity/gpu.nvidia.com/memory"], "80Gi", "the device's total stays beside it");
@@ -914,158 +505,4 @@ fn consumed_capacity_of_shared_devices_in_the_tree_json_and_get() {
     let row = table.lines().find(|l| l.contains(".consumed/")).unwrap_or_else(|| panic!("{table}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells, vec!["gpu", "gpu", "0", "gpu.nvidia.com", "gpu-1", ".consumed/gpu.nvidia.com/memory", "20Gi"]);
-}
-
-/// examples/offline/mig-dynamic.yaml: the MIG device's UUID is only in the
-/// claim's `status.devices[].data`, which the driver wrote when it created it.
-const MIG_UUID: &str = "MIG-5c8a2f1e-7b3d-5e9a-8c4f-1d2e3f4a5b6c";
-
-#[test]
-fn driver_data_members_of_a_dynamic_mig_device_in_the_tree_and_get() {
-    let (_api, env) = example("research", "notebook-0", "examples/offline/mig-dynamic.yaml");
-    let out = init(&env, &["--timeout", "30s", "--require", "mig/mig/0/.status/data.d/uuid"]);
-    assert_ok(&out);
-    assert!(!stderr(&out).contains("status data"), "a clean example warns of nothing: {}", stderr(&out));
-    let tree = read_tree(&env.path("dra"));
-    let members: Vec<(&str, &str)> =
-        tree.iter().filter_map(|(k, v)| Some((k.strip_prefix("mig/mig/0/.status/data.d/")?, v.as_str()))).collect();
-    assert_eq!(
-        members,
-        vec![
-            ("computeInstanceID", "0"),
-            ("deviceNodes", "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap120,/dev/nvidia-caps/nvidia-cap121"),
-            ("gpu/index", "0"),
-            ("gpu/pciBusID", "0000:4e:00.0"),
-            ("gpu/uuid", "GPU-2b1a0f9e-8d7c-4b6a-9f5e-4d3c2b1a0f9e"),
-            ("gpuInstanceID", "13"),
-            ("placement/size", "1"),
-            ("placement/start", "3"),
-            ("profile", "1g.10gb"),
-            ("uuid", MIG_UUID),
-        ]
-    );
-    assert!(!tree.contains_key("mig/mig/0/uuid"), "the placement has no uuid attribute");
-    // The raw JSON stays, and the device record has the data as the driver wrote it.
-    let raw: Value = serde_json::from_str(&tree["mig/mig/0/.status/data"]).unwrap();
-    assert_eq!(raw["gpu"]["uuid"], "GPU-2b1a0f9e-8d7c-4b6a-9f5e-4d3c2b1a0f9e");
-    let record: Value = serde_json::from_str(&tree["mig/mig/0/.json"]).unwrap();
-    assert_eq!(record["status"]["data"], raw);
-    assert_eq!(record["status"].as_object().unwrap().len(), 1, "{record}");
-
-    let out = env.run(&["get"], LIMIT);
-    assert_ok(&out);
-    let table = stdout(&out);
-    let row = table.lines().find(|l| l.contains(".status/data.d/uuid")).unwrap_or_else(|| panic!("{table}"));
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells, vec!["mig", "mig", "0", "gpu.nvidia.com", "gpu-0-mig-1g10gb-3", ".status/data.d/uuid", MIG_UUID]);
-    assert!(table.contains(".status/data.d/gpu/index"), "{table}");
-}
-
-#[test]
-fn hostile_driver_data_is_skipped_with_warnings_and_never_leaves_the_tree() {
-    let (api, env, mut claim) = nic_without_status();
-    let mut wide = serde_json::Map::new();
-    for i in 0..1100 {
-        wide.insert(format!("k{i}"), json!(i));
-    }
-    let mut deep = json!("bottom");
-    for _ in 0..20 {
-        deep = json!({ "d": deep });
-    }
-    claim["status"]["devices"] = json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0",
-        "data": {"../../escape": "x", "a/b": "x", ".ready": "x", "pci": "0000:3b:00.2", "vfs": [{"pci": "0000:3b:00.3"}],
-                 "wide": wide, "deep": deep}}]);
-    api.apply(claim);
-    let dir = env.path("dra");
-    let out = init(&env, &["--timeout", "20s", "--require", "net/eth/0/.status/data.d/pci"]);
-    assert_ok(&out);
-    let tree = read_tree(&dir);
-    assert_eq!(tree["net/eth/0/.status/data.d/pci"], "0000:3b:00.2");
-    let members: Vec<&String> = tree.keys().filter(|k| k.contains("/.status/data.d/")).collect();
-    assert_eq!(members.len(), 1024, "bounded per device");
-    assert!(members.iter().all(|k| k.split('/').count() <= 5 + 8), "bounded depth: {members:?}");
-    assert!(tree.keys().all(|k| !k.contains("escape") && !k.ends_with("/b")), "{:?}", tree.keys());
-    assert!(!dir.parent().unwrap().join("escape").exists());
-    let err = stderr(&out);
-    for said in [
-        "status data key \"../../escape\" skipped",
-        "status data key \"a/b\" skipped",
-        "status data key \".ready\" skipped",
-        "status data member \"vfs\" skipped: a list holding objects",
-        "status data deeper than 8 levels skipped",
-        "status data has more than 1024 members",
-    ] {
-        assert_eq!(err.matches(said).count(), 1, "{said:?} said once:\n{err}");
-    }
-}
-
-/// Issue 25: numbers no 64-bit integer or float holds, and escapes, in a
-/// driver's data: the bytes the API server sent, exactly.
-const EXACT: &str = r#"{"big":340282366920938463463374607431768211455,"neg":-18446744073709551617,"f":1.5e400,"small":3,"nested":{"x":12345678901234567890123},"s":"a\u003cb\/c"}"#;
-
-/// The member files of [`EXACT`] under `.status/data.d/`.
-const EXACT_MEMBERS: [(&str, &str); 6] = [
-    ("big", "340282366920938463463374607431768211455"),
-    ("f", "1.5e400"),
-    ("neg", "-18446744073709551617"),
-    ("nested/x", "12345678901234567890123"),
-    ("s", "a<b/c"),
-    ("small", "3"),
-];
-
-fn assert_exact_data(tree: &std::collections::BTreeMap<String, String>, device: &str) {
-    assert_eq!(tree[&format!("{device}/.status/data")], EXACT, "the raw file is the bytes the API server sent");
-    let members: Vec<(&str, &str)> = tree
-        .iter()
-        .filter_map(|(k, v)| Some((k.strip_prefix(&format!("{device}/.status/data.d/"))?, v.as_str())))
-        .collect();
-    assert_eq!(members, EXACT_MEMBERS);
-    let record = &tree[&format!("{device}/.json")];
-    assert!(record.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{record}");
-    let whole = drafs::model::json_text::compact(&tree[".json"]).unwrap();
-    assert!(whole.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{}", tree[".json"]);
-}
-
-#[test]
-fn driver_data_keeps_big_numbers_exactly() {
-    let (api, env, mut claim) = nic_without_status();
-    api.send_raw("DRIVER-DATA", EXACT);
-    claim["status"]["devices"] =
-        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "data": "DRIVER-DATA"}]);
-    api.apply(claim);
-    let out = init(&env, &["--timeout", "10s", "--require", "net/eth/0/.status/data.d/big"]);
-    assert_ok(&out);
-    assert!(!stderr(&out).contains("status data"), "nothing skipped: {}", stderr(&out));
-    assert_exact_data(&read_tree(&env.path("dra")), "net/eth/0");
-
-    // `drafs get` shows the digits.
-    let out = env.run(&["get"], LIMIT);
-    assert_ok(&out);
-    let table = stdout(&out);
-    let row = table.lines().find(|l| l.contains(".status/data.d/big")).unwrap_or_else(|| panic!("{table}"));
-    assert_eq!(row.split_whitespace().last(), Some("340282366920938463463374607431768211455"), "{table}");
-}
-
-#[test]
-fn driver_data_of_a_json_file_keeps_big_numbers_exactly() {
-    // The objects of nic_without_status with the driver's data, as one JSON List.
-    let mut claim = claim("ml", "c", Some(&[("eth", "net.example.com", "n1", "nic0")]));
-    claim["status"]["devices"] =
-        json!([{"driver": "net.example.com", "pool": "n1", "device": "nic0", "data": "DRIVER-DATA"}]);
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
-        pod("ml", "p", "n1", &[("net", Ok("c"))], &[]),
-        claim,
-        slice("s", "net.example.com", "n1", 1, Some("n1"), &[("nic0", json!({"mtu": {"int": 1500}}))]),
-    ]});
-    let text = serde_json::to_string_pretty(&list).unwrap().replace("\"DRIVER-DATA\"", EXACT);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("objects.json");
-    std::fs::write(&file, text).unwrap();
-    let out = std::process::Command::new(drafs_bin())
-        .args(["init", "--from-file", file.to_str().unwrap(), "--dir", dir.path().join("dra").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_ok(&out);
-    assert!(!stderr(&out).contains("status data"), "nothing skipped: {}", stderr(&out));
-    assert_exact_data(&read_tree(&dir.path().join("dra")), "net/eth/0");
 }

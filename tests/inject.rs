@@ -26,7 +26,7 @@ fn inject_matches_the_expected_yaml_and_is_idempotent() {
 
 /// kubectl reads YAML 1.1: each of these means something else to a YAML 1.2
 /// writer (`0644` is the mode 420, `YES` true, `08` the number 8). drafs writes
-/// them back as they were (tests/kube.rs checks the meaning with kubectl itself).
+/// them back as they were (tests/kube_manifests.rs checks the meaning with kubectl itself).
 #[test]
 fn inject_writes_every_scalar_it_does_not_change_as_it_was() {
     let input = read("tests/inject/scalars.yaml");

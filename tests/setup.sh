@@ -8,8 +8,8 @@
 #   - the Rust build of drafs;
 #   - the Kubernetes components, containerd and helm, built from Go modules
 #     into caches outside the checkout (tests/kube/build.sh,
-#     tests/node/build.sh, tests/helm/build.sh), and kube-apiserver v1.34
-#     for the kube tier's run against the oldest version (tests/kube/v1.34);
+#     tests/node/build.sh, tests/helm/build.sh); kube-apiserver v1.34, for
+#     the kube tier's second run in CI, is built by .ci/run (or on first use);
 #   - the images the real node's pods run (tests/node/images.sh).
 # Each step is skipped when already done, so a second run costs seconds.
 set -euo pipefail
@@ -42,9 +42,6 @@ command -v go >/dev/null 2>&1 || { echo "setup: Go 1.26+ is needed for the kube 
 cargo build --all-targets
 node=$(tests/node/build.sh | tail -n 1)
 tests/helm/build.sh >/dev/null
-# The oldest kube-apiserver serving resource.k8s.io/v1, for the kube tier's
-# second run (DRAFS_KUBE_VERSION=1.34, .ci/run).
-tests/kube/v1.34/build.sh >/dev/null
 echo "setup: Kubernetes components and containerd ready after $((SECONDS - start)) s" >&2
 tests/node/images.sh "${DRAFS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-node}/images" "$node/pause"
 echo "setup: done after $((SECONDS - start)) s" >&2

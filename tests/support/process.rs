@@ -74,6 +74,15 @@ impl Env {
         wait_output(self.spawn(args), limit)
     }
 
+    /// `drafs init --dir <this environment's dra> EXTRA`, to its end (90 s is a
+    /// safety net: every run normally ends by itself long before).
+    pub fn init(&self, extra: &[&str]) -> Output {
+        let dir = self.path("dra");
+        let mut args = vec!["init", "--dir", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        self.run(&args, Duration::from_secs(90))
+    }
+
     pub fn termination_log(&self) -> String {
         std::fs::read_to_string(self.path("termination-log")).unwrap_or_default()
     }
@@ -158,6 +167,24 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n")?.1.to_string();
     Some((code, body))
+}
+
+/// Fails the test with the exit status and stderr unless `out` succeeded.
+pub fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status.code(), stderr(out));
+}
+
+/// The stderr of a run that failed with exit code 1 (a clear error, never a panic).
+pub fn assert_failed(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "expected exit 1\nstderr: {}", stderr(out));
+    let err = stderr(out);
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// Runs a prepared command to its end (killed after `limit`), capturing its output.
+pub fn run_captured(mut cmd: Command, limit: Duration) -> Output {
+    wait_output(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), limit)
 }
 
 pub fn stderr(out: &Output) -> String {
