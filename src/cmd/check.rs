@@ -25,6 +25,7 @@ use crate::admission::manifests::{self, Grant};
 use crate::admission::probe::{EndpointKey, endpoint_key, endpoint_of, handshake, split_host_port};
 use crate::cmd::Failure;
 use crate::cmd::cli::{CheckArgs, CheckOutput};
+use crate::publish::call::{CallError, bounded};
 
 #[derive(Debug)]
 pub struct Config {
@@ -83,52 +84,18 @@ pub async fn run(c: Config) -> Result<(), Failure> {
     }
 }
 
-/// Why a call to the API server failed; the RBAC check branches on a refusal.
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    /// The API server answered with this status (403: the caller may not).
-    #[error("HTTP {code}: {message}")]
-    Status { code: u16, message: String },
-    #[error("no answer within {}s", .0.as_secs())]
-    Timeout(Duration),
-    #[error("{0}")]
-    Other(kube::Error),
-}
-
-impl From<kube::Error> for CallError {
-    fn from(e: kube::Error) -> Self {
-        match e {
-            kube::Error::Api(status) => CallError::Status { code: status.code, message: status.message },
-            other => CallError::Other(other),
-        }
-    }
-}
-
-impl CallError {
-    fn is_forbidden(&self) -> bool {
-        matches!(self, CallError::Status { code: 403, .. })
-    }
-}
-
-async fn within<T>(limit: Duration, work: impl Future<Output = Result<T, kube::Error>>) -> Result<T, CallError> {
-    match tokio::time::timeout(limit, work).await {
-        Ok(result) => result.map_err(CallError::from),
-        Err(_) => Err(CallError::Timeout(limit)),
-    }
-}
-
 /// The CSIDriver and the CSINode of the pod's node, read for `check::node_agent`.
 async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &Value) -> check::Check {
     use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
     let name = crate::model::names::DEFAULT_CSI_DRIVER;
-    let driver = match within(timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
+    let driver = match bounded(timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
         Ok(driver) => driver.and_then(|d| serde_json::to_value(d).ok()),
         Err(e) => return failed("node", format!("cannot read CSIDriver {name}: {e}")),
     };
     let node = match pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
         None => None,
         Some(node) => {
-            let csinode = within(timeout, Api::<CSINode>::all(client.clone()).get_opt(node)).await.ok().flatten();
+            let csinode = bounded(timeout, Api::<CSINode>::all(client.clone()).get_opt(node)).await.ok().flatten();
             let drivers = csinode.map(|n| n.spec.drivers.into_iter().map(|d| d.name).collect()).unwrap_or_default();
             Some((node, drivers))
         }
@@ -139,7 +106,7 @@ async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &V
 async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     let mut checks = Vec::new();
     let configurations =
-        within(c.timeout, Api::<MutatingWebhookConfiguration>::all(client.clone()).list(&ListParams::default()))
+        bounded(c.timeout, Api::<MutatingWebhookConfiguration>::all(client.clone()).list(&ListParams::default()))
             .await
             .map(|l| l.items);
     let configurations = match configurations {
@@ -160,11 +127,11 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     };
     let entries = check::drafs_entries(&configurations);
     let namespace_mode = namespace_mode(client, c.timeout, &entries).await;
-    let ns = within(c.timeout, Api::<Namespace>::all(client.clone()).get_opt(namespace)).await;
+    let ns = bounded(c.timeout, Api::<Namespace>::all(client.clone()).get_opt(namespace)).await;
     let pod = match &c.pod {
         None => None,
         Some(name) => Some(
-            within(c.timeout, Api::<Pod>::namespaced(client.clone(), namespace).get_opt(name))
+            bounded(c.timeout, Api::<Pod>::namespaced(client.clone(), namespace).get_opt(name))
                 .await
                 .map(|p| p.map(|p| serde_json::to_value(p).unwrap_or_default())),
         ),
@@ -257,7 +224,7 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     if let Some(pod) = &pod_value {
         let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
         let params = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
-        let events = within(c.timeout, Api::<Event>::namespaced(client.clone(), namespace).list(&params)).await;
+        let events = bounded(c.timeout, Api::<Event>::namespaced(client.clone(), namespace).list(&params)).await;
         let events: Vec<Value> = match events {
             Ok(list) => list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect(),
             Err(e) => {
@@ -279,10 +246,10 @@ fn failed(name: &'static str, message: String) -> Check {
 async fn namespace_mode(client: &Client, limit: Duration, entries: &[(String, &MutatingWebhook)]) -> Option<Mode> {
     let service = entries.iter().find_map(|(_, e)| e.client_config.service.as_ref())?;
     let svc =
-        within(limit, Api::<Service>::namespaced(client.clone(), &service.namespace).get(&service.name)).await.ok()?;
+        bounded(limit, Api::<Service>::namespaced(client.clone(), &service.namespace).get(&service.name)).await.ok()?;
     let selector = svc.spec?.selector?;
     let deployments =
-        within(limit, Api::<Deployment>::namespaced(client.clone(), &service.namespace).list(&ListParams::default()))
+        bounded(limit, Api::<Deployment>::namespaced(client.clone(), &service.namespace).list(&ListParams::default()))
             .await
             .ok()?;
     check::webhook_namespace_mode(&deployments.items, &selector)
@@ -324,7 +291,7 @@ async fn access(
             },
             ..Default::default()
         };
-        match within(limit, api.create(&PostParams::default(), &review)).await {
+        match bounded(limit, api.create(&PostParams::default(), &review)).await {
             Ok(answer) => answers.push((grant.clone(), answer.status.is_some_and(|s| s.allowed))),
             Err(e) if e.is_forbidden() => {
                 forbidden = Some(e);
@@ -334,7 +301,7 @@ async fn access(
         }
     }
     let Some(forbidden) = forbidden else { return Ok(answers) };
-    let me = within(
+    let me = bounded(
         limit,
         Api::<SelfSubjectReview>::all(client.clone()).create(&PostParams::default(), &SelfSubjectReview::default()),
     )
@@ -351,7 +318,7 @@ async fn access(
             spec: SelfSubjectAccessReviewSpec { resource_attributes: Some(attributes(&grant)), ..Default::default() },
             ..Default::default()
         };
-        let answer = within(limit, api.create(&PostParams::default(), &review))
+        let answer = bounded(limit, api.create(&PostParams::default(), &review))
             .await
             .map_err(|e| format!("a SelfSubjectAccessReview failed: {e}"))?;
         answers.push((grant, answer.status.is_some_and(|s| s.allowed)));
@@ -380,7 +347,7 @@ async fn probe(client: &Client, c: &Config, entry: &MutatingWebhook) -> Probe {
             Ok(request) => match tokio::time::timeout(c.timeout, proxied_status(client, request)).await {
                 Ok(Ok(status)) => Reach::Answered { status, through },
                 Ok(Err(error)) => Reach::Failed { error, through },
-                Err(_) => Reach::Failed { error: format!("no answer within {}s", c.timeout.as_secs()), through },
+                Err(_) => Reach::Failed { error: CallError::Timeout(c.timeout).to_string(), through },
             },
             Err(e) => Reach::Failed { error: e.to_string(), through },
         };

@@ -1,6 +1,8 @@
 //! The API server's vocabulary for the engine: how a request failed, and
 //! how long the server keeps a watch open.
 
+use crate::publish::call::CallError;
+
 /// The server closes each watch after a random time between these (as
 /// client-go's reflector asks: 5 to 10 minutes), and drafs resumes it from the
 /// last version. Random, so that watches opened together (a job's pods
@@ -46,39 +48,14 @@ impl ApiError {
         matches!(self, ApiError::Failed { verb: "watch", .. } | ApiError::Forbidden { verb: "watch", .. })
     }
 
-    /// Name what failed: 403 and 401 by their meaning, the rest with the server's status or the transport error.
-    pub fn classify(err: &kube::Error, verb: &'static str, resource: &str, scope: String) -> Self {
+    /// Name what failed: 403 and 401 by their meaning, the rest with the
+    /// server's status, the stall or the transport error.
+    pub fn named(err: CallError, verb: &'static str, resource: &str, scope: String) -> Self {
         let resource = resource.to_string();
         match err {
-            kube::Error::Api(status) if status.code == 403 => {
-                ApiError::Forbidden { verb, resource, scope, message: status.message.clone() }
-            }
-            kube::Error::Api(status) if status.code == 401 => {
-                ApiError::Unauthorized { verb, resource, message: status.message.clone() }
-            }
-            kube::Error::Api(status) => ApiError::Failed {
-                verb,
-                resource,
-                scope,
-                message: format!("HTTP {} {}: {}", status.code, status.reason, status.message),
-                code: Some(status.code),
-            },
-            other => ApiError::Failed { verb, resource, scope, message: error_chain(other), code: None },
+            CallError::Status { code: 403, message, .. } => ApiError::Forbidden { verb, resource, scope, message },
+            CallError::Status { code: 401, message, .. } => ApiError::Unauthorized { verb, resource, message },
+            other => ApiError::Failed { verb, resource, scope, code: other.code(), message: other.to_string() },
         }
     }
-}
-
-/// An error and its causes on one line ("connection refused" is usually a cause).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }

@@ -22,10 +22,11 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::source::{REQUEST_TIMEOUT, WATCH_IDLE, object_meta};
+use crate::engine::source::{WATCH_IDLE, object_meta};
 use crate::engine::store::Scope;
 use crate::model::backoff::RetryBackoff;
 use crate::model::slices::{RawEvent, RawList};
+use crate::publish::call::{REQUEST_TIMEOUT, bounded};
 
 /// Slices per list page (the hub holds them all anyway; pages bound one answer).
 const PAGE_SIZE: u32 = 64;
@@ -161,10 +162,9 @@ async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<st
             ..Default::default()
         };
         let request = Request::new(url()).list(&params).map_err(|e| failed("list", scope, e.to_string()))?;
-        let body = tokio::time::timeout(REQUEST_TIMEOUT, client.request_text(request))
+        let body = bounded(REQUEST_TIMEOUT, client.request_text(request))
             .await
-            .map_err(|_| failed("list", scope, "no answer in time".into()))?
-            .map_err(|e| ApiError::classify(&e, "list", "resourceslices", format!(" ({})", scope.field_selector())))?;
+            .map_err(|e| ApiError::named(e, "list", "resourceslices", format!(" ({})", scope.field_selector())))?;
         let page: RawList =
             serde_json::from_str(&body).map_err(|e| failed("list", scope, format!("malformed: {e}")))?;
         for raw in page.items {
@@ -195,10 +195,9 @@ async fn watch_once(
     };
     let request =
         Request::new(url()).watch(&params, resource_version).map_err(|e| failed("watch", scope, e.to_string()))?;
-    let stream = tokio::time::timeout(REQUEST_TIMEOUT, client.request_stream(request))
+    let stream = bounded(REQUEST_TIMEOUT, client.request_stream(request))
         .await
-        .map_err(|_| failed("watch", scope, "no answer in time".into()))?
-        .map_err(|e| ApiError::classify(&e, "watch", "resourceslices", format!(" ({})", scope.field_selector())))?;
+        .map_err(|e| ApiError::named(e, "watch", "resourceslices", format!(" ({})", scope.field_selector())))?;
     let mut lines = std::pin::pin!(stream.lines());
     let mut last = resource_version.to_string();
     loop {

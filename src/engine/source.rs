@@ -36,13 +36,12 @@ use crate::engine::reconcile::{Action, Input};
 use crate::engine::shared::{SharedSlices, SliceSet};
 use crate::engine::store::{Item, Scope};
 use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
+use crate::publish::call::{CallError, REQUEST_TIMEOUT, bounded};
 use crate::publish::metrics::Metrics;
 
 /// A watch silent this long (no event, no bookmark, no close) is restarted:
 /// two and a half of the API server's bookmark periods (about a minute).
 pub const WATCH_IDLE: Duration = Duration::from_secs(150);
-/// Longest wait for one request's answer (also bounded by the run's deadline).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Objects per list page: a page of slices (at most 128 devices each) is what
 /// memory holds at once, so pages are small; more pages only cost round trips.
 pub const PAGE_SIZE: u32 = 4;
@@ -265,16 +264,6 @@ fn request_budget(deadline: Option<Instant>) -> Duration {
     }
 }
 
-fn timed_out(verb: &'static str, resource: &str, scope: String, budget: Duration) -> ApiError {
-    ApiError::Failed {
-        verb,
-        resource: resource.into(),
-        scope,
-        message: format!("no answer within {} ms (the API server is stalled or unreachable)", budget.as_millis()),
-        code: None,
-    }
-}
-
 async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> Input {
     let scope = format!(" ({}/{})", pod.namespace, pod.name);
     let url = format!("/api/v1/namespaces/{}/pods", pod.namespace);
@@ -292,16 +281,15 @@ async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> In
         }
     };
     let budget = request_budget(deadline);
-    match tokio::time::timeout(budget, client.request::<Pod>(request)).await {
-        Err(_) => Input::PodFailed(timed_out("get", "pods", scope, budget)),
-        Ok(Ok(p)) => {
+    match bounded(budget, client.request::<Pod>(request)).await {
+        Ok(p) => {
             debug!(pod = %pod.name, "fetched pod");
             Input::Pod(Box::new(p))
         }
-        Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+        Err(e) if e.code() == Some(404) => {
             Input::PodFailed(ApiError::PodNotFound { namespace: pod.namespace.clone(), name: pod.name.clone() })
         }
-        Ok(Err(e)) => Input::PodFailed(ApiError::classify(&e, "get", "pods", scope)),
+        Err(e) => Input::PodFailed(ApiError::named(e, "get", "pods", scope)),
     }
 }
 
@@ -393,12 +381,9 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
                 Err(e) => return ctx.fail(ctx.malformed("list", e)).await,
             };
             let budget = request_budget(ctx.deadline);
-            let body = match tokio::time::timeout(budget, read_body(&ctx.client, request)).await {
-                Err(_) => return ctx.fail(timed_out("list", ctx.scope.resource(), ctx.selector(), budget)).await,
-                Ok(Err(e)) => {
-                    return ctx.fail(ApiError::classify(&e, "list", ctx.scope.resource(), ctx.selector())).await;
-                }
-                Ok(Ok(body)) => body,
+            let body = match bounded(budget, read_body(&ctx.client, request)).await {
+                Err(e) => return ctx.fail(ApiError::named(e, "list", ctx.scope.resource(), ctx.selector())).await,
+                Ok(body) => body,
             };
             let page: RawList = match serde_json::from_slice(&body) {
                 Ok(p) => p,
@@ -569,10 +554,9 @@ async fn watch_from(ctx: ScopeContext, resource_version: String, seconds: u32, s
     };
     let mut changes = 0;
     let budget = request_budget(None);
-    let stream = match tokio::time::timeout(budget, ctx.client.request_stream(request)).await {
-        Err(_) => return ctx.fail(timed_out("watch", ctx.scope.resource(), ctx.selector(), budget)).await,
-        Ok(Err(e)) => return ctx.fail(ApiError::classify(&e, "watch", ctx.scope.resource(), ctx.selector())).await,
-        Ok(Ok(s)) => s,
+    let stream = match bounded(budget, ctx.client.request_stream(request)).await {
+        Err(e) => return ctx.fail(ApiError::named(e, "watch", ctx.scope.resource(), ctx.selector())).await,
+        Ok(s) => s,
     };
     let mut lines = std::pin::pin!(stream.lines());
     loop {
@@ -667,8 +651,8 @@ impl ScopeContext {
             "ERROR" => match serde_json::from_str::<kube::core::Status>(event.object.get()) {
                 Err(e) => Event::Failed(self.malformed("watch", e)),
                 Ok(status) if status.code == 410 => Event::Expired,
-                Ok(status) => Event::Failed(ApiError::classify(
-                    &kube::Error::Api(Box::new(status)),
+                Ok(status) => Event::Failed(ApiError::named(
+                    CallError::from(kube::Error::Api(Box::new(status))),
                     "watch",
                     self.scope.resource(),
                     self.selector(),

@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use tracing::{debug, warn};
 
 use crate::model::PodRef;
+use crate::publish::call::bounded;
 
 /// Which Events drafs records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub const NOT_READY: &str = "DeviceAttributesNotReady";
 
 /// Longest message sent; the API server rejects longer ones for events.k8s.io.
 const MAX_MESSAGE: usize = 1024;
+/// An Event is a courtesy: it never holds up the run for long.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Events waiting to be sent at most; newer ones are dropped while the queue
 /// is full (as client-go's recorder does), and the log says so once. Each
@@ -151,17 +154,16 @@ impl Recorder {
             count: Some(1),
             ..Default::default()
         };
-        match tokio::time::timeout(Duration::from_secs(2), self.api.create(&PostParams::default(), &event)).await {
-            Ok(Ok(_)) => debug!(reason, "event recorded"),
-            Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+        match bounded(EVENT_TIMEOUT, self.api.create(&PostParams::default(), &event)).await {
+            Ok(_) => debug!(reason, "event recorded"),
+            Err(e) if e.is_forbidden() => {
                 warn!(
                     "cannot create events ({}); grant it (drafs manifests rbac --namespace NS --events) to see drafs in `kubectl describe pod`",
-                    status.message
+                    e.message()
                 );
                 self.enabled = false;
             }
-            Ok(Err(e)) => warn!(reason, "event not recorded: {e}"),
-            Err(_) => warn!(reason, "event not recorded: the API server did not answer within 2s"),
+            Err(e) => warn!(reason, "event not recorded: {e}"),
         }
     }
 }

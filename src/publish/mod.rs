@@ -7,10 +7,12 @@
 //! the `supervisor` that unmounts it when the server dies); the standard
 //! metadata files (`metadata_dir`); `/metrics` and probes (`metrics`, in the
 //! text format `prometheus` writes for the webhook's metrics too); the
-//! pod's Events (`events`).
+//! pod's Events (`events`); one bounded request to the API server and how it
+//! ended (`call`, for Events here and for every layer above).
 //!
 //! May use: `model`.
 
+pub mod call;
 pub mod events;
 pub mod files;
 pub mod fsmodel;
