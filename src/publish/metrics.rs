@@ -1,8 +1,9 @@
 //! Prometheus metrics, `/healthz` and `/readyz` (off unless `--metrics-addr`).
 //!
 //! The counters are plain atomics updated by the engine and the commands; the
-//! HTTP side is a minimal HTTP/1.1 responder (GET only, one request per
-//! connection), enough for Prometheus and kubelet probes without a server stack.
+//! HTTP side is hyper's HTTP/1.1 server (already linked for the webhook and
+//! `drafs node`), GET only, one request per connection, bounded in
+//! connections and time.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,7 +12,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
@@ -234,7 +238,7 @@ pub async fn serve<E: Exposition + ?Sized + 'static>(listener: TcpListener, metr
     let mut accept_backoff = std::time::Duration::from_millis(50);
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let mut stream = match listener.accept().await {
+        let stream = match listener.accept().await {
             Ok((s, _)) => {
                 accept_backoff = std::time::Duration::from_millis(50);
                 s
@@ -250,41 +254,31 @@ pub async fn serve<E: Exposition + ?Sized + 'static>(listener: TcpListener, metr
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&mut stream, &*metrics)).await;
+            let service = hyper::service::service_fn(move |req| {
+                let answer = answer(&req, &*metrics);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            // The head must arrive within the time; one request per connection
+            // (a permit is held per connection); the smallest buffer hyper takes.
+            builder.timer(TokioTimer::new()).header_read_timeout(REQUEST_TIMEOUT).keep_alive(false).max_buf_size(8192);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, connection).await;
         });
     }
 }
 
-/// Read the request head (bounded), answer, close.
-async fn answer<E: Exposition + ?Sized>(stream: &mut tokio::net::TcpStream, metrics: &E) {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-        match stream.read(&mut chunk).await {
-            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-            _ => return,
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (code, content_type, body) = if method == "GET" {
-        metrics.respond(path.split('?').next().unwrap_or(""))
+/// The answer to one request: [`Exposition::respond`] for a GET, 405 otherwise.
+fn answer<E: Exposition + ?Sized, B>(req: &Request<B>, metrics: &E) -> Response<Full<Bytes>> {
+    let (code, content_type, body) = if req.method() == Method::GET {
+        metrics.respond(req.uri().path())
     } else {
         (405, "text/plain", "only GET\n".into())
     };
-    let reason = match code {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
-    };
-    let response = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
