@@ -130,7 +130,13 @@ pub fn configuration(configurations: &[MutatingWebhookConfiguration]) -> Check {
 /// running `webhook`, the flag as `--namespace-mode=M` or `--namespace-mode
 /// M`, else `DRAFS_NAMESPACE_MODE`, else the default (`init`). `None` when
 /// no Deployment matches, its container is not found, or the mode is not one.
+/// An empty Service selector selects no pod (as for the API server: such a
+/// Service's endpoints are written by hand), where an empty label selector
+/// would select them all.
 pub fn webhook_namespace_mode(deployments: &[Deployment], service_selector: &BTreeMap<String, String>) -> Option<Mode> {
+    if service_selector.is_empty() {
+        return None;
+    }
     let selector: Selector = service_selector.clone().into_iter().collect();
     let deployment = deployments.iter().find(|d| {
         let labels = d.spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
@@ -256,5 +262,9 @@ pub(super) mod tests {
         // No Deployment whose pods the Service selects.
         let d = deployment(json!({"app": "other"}), json!(["webhook"]), json!([]));
         assert_eq!(webhook_namespace_mode(&[d], &selector), None);
+        // A Service with an empty selector selects no pod (its endpoints are
+        // written by hand), not every pod.
+        let d = deployment(ours.clone(), json!(["webhook", "--namespace-mode=sidecar-fuse"]), json!([]));
+        assert_eq!(webhook_namespace_mode(&[d], &BTreeMap::new()), None);
     }
 }
