@@ -1,5 +1,5 @@
 //! The real Kubernetes control plane for the kube test tier: etcd and
-//! kube-apiserver built from their Go modules by `tests/kube/build.sh`, started
+//! kube-apiserver built from their Go modules by `tests/go/build.sh`, started
 //! on loopback with a CA and serving certificate made at start, RBAC, the
 //! service-account token issuer, default admission and the DRA feature gates
 //! drafs exposes.
@@ -64,42 +64,41 @@ pub fn private() -> Option<ControlPlane> {
     Some(ControlPlane::start().unwrap_or_else(|e| panic!("the real control plane did not start: {e}")))
 }
 
-/// The directory holding kube-apiserver, etcd, kubectl and metadata.test (built once, cached).
+/// The directory holding every Go program the tiers run (kube-apiserver, etcd,
+/// kubectl, the kubelet, containerd, helm, metadata.test...): tests/go/build.sh,
+/// built once, cached outside the checkout.
 pub fn binaries() -> Result<PathBuf, String> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| cached_build("tests/kube/build.sh")).clone()
+    BIN.get_or_init(|| cached_build(&["tests/go/build.sh"])).clone()
 }
 
 /// The kube-apiserver of [`minor`]: 1.37's from [`binaries`], or 1.34's
-/// (tests/kube/v1.34/build.sh; etcd, kubectl and the rest stay 1.37's).
+/// (`tests/go/build.sh v1.34`; etcd, kubectl and the rest stay 1.37's).
 pub fn apiserver_binary() -> Result<PathBuf, String> {
     if minor() == 37 {
         return binaries().map(|d| d.join("kube-apiserver"));
     }
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| cached_build("tests/kube/v1.34/build.sh")).clone().map(|d| d.join("kube-apiserver"))
+    BIN.get_or_init(|| cached_build(&["tests/go/build.sh", "v1.34"])).clone().map(|d| d.join("kube-apiserver"))
 }
 
-/// Run a build script of the repository that prints, last, the directory of
-/// what it built (cached outside the checkout); that directory.
-pub fn cached_build(script: &str) -> Result<PathBuf, String> {
-    let lines = build_script_output(script)?;
-    lines.last().map(PathBuf::from).ok_or_else(|| format!("{script} printed no directory"))
-}
-
-/// Run a build script of the repository (its progress on our stderr); the
-/// lines it printed on stdout.
-pub fn build_script_output(script: &str) -> Result<Vec<String>, String> {
-    let script = super::repo_path(script);
+/// Runs a build script of the repository (`[script, args...]`, its progress on
+/// our stderr) that prints, last, the directory of what it built (cached
+/// outside the checkout); that directory.
+pub fn cached_build(command: &[&str]) -> Result<PathBuf, String> {
+    let script = super::repo_path(command[0]);
+    let what = command.join(" ");
     let out = Command::new("bash")
         .arg(&script)
+        .args(&command[1..])
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{} failed ({})", script.display(), out.status));
+        return Err(format!("{what} failed ({})", out.status));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().map(str::trim).rfind(|l| !l.is_empty()).map(PathBuf::from).ok_or_else(|| format!("{what} printed no directory"))
 }
 
 /// Children started here die with the process: they are spawned from a thread
@@ -266,7 +265,7 @@ impl ControlPlane {
             .arg("--kubeconfig")
             .arg(self.dir.join("admin.kubeconfig"))
             .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(super::repo_path(""))
             .stdin(Stdio::null())
             .output()
             .expect("kubectl runs")

@@ -1,16 +1,14 @@
-//! helm, built from its Go module (tests/helm/build.sh, cached), run against
+//! helm, built from its Go module (tests/go/build.sh, cached), run against
 //! a real control plane as its admin.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use super::controlplane::ControlPlane;
 
 /// The directory holding `helm` (built once, cached outside the checkout).
 pub fn binary() -> PathBuf {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let dir = BIN.get_or_init(|| super::controlplane::cached_build("tests/helm/build.sh")).clone();
+    let dir = super::controlplane::binaries();
     dir.unwrap_or_else(|e| panic!("helm could not be built: {e}")).join("helm")
 }
 
@@ -25,7 +23,7 @@ pub fn run(cp: &ControlPlane, args: &[&str]) -> Output {
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(super::repo_path(""))
         .stdin(Stdio::null())
         .output()
         .expect("helm runs")

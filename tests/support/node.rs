@@ -167,13 +167,6 @@ fn sweep_stale() {
     }
 }
 
-/// (Kubernetes binaries, node binaries) from `tests/node/build.sh`.
-fn binaries() -> Result<(PathBuf, PathBuf), String> {
-    match super::controlplane::build_script_output("tests/node/build.sh")?.as_slice() {
-        [.., kube, node] => Ok((PathBuf::from(kube), PathBuf::from(node))),
-        _ => Err("tests/node/build.sh printed no directories".into()),
-    }
-}
 
 fn images_dir() -> PathBuf {
     std::env::var_os("DRAFS_NODE_CACHE")
@@ -204,7 +197,7 @@ impl Drop for Node {
 impl Node {
     fn start() -> Result<Node, String> {
         sweep_stale();
-        let (kube, node_bin) = binaries()?;
+        let bin = super::controlplane::binaries()?;
         // DRAFS_NODE_IMAGES: images already built for this checkout (CI builds
         // them in its set-up; a second cargo build from a test's environment
         // would start over).
@@ -213,7 +206,7 @@ impl Node {
             None => {
                 let images = images_dir();
                 let mut build = Command::new("bash");
-                build.arg(super::repo_path("tests/node/images.sh")).arg(&images).arg(node_bin.join("pause"));
+                build.arg(super::repo_path("tests/node/images.sh")).arg(&images).arg(bin.join("pause"));
                 // The environment of a shell, as the set-up built it, not the
                 // one cargo gives a test (CARGO_*, RUSTUP_TOOLCHAIN,
                 // LD_LIBRARY_PATH into target/): the image's build then finds
@@ -243,7 +236,7 @@ impl Node {
         let mut cmd = Command::new("unshare");
         cmd.args(["--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "bash"])
             .arg(super::repo_path("tests/node/node.sh"))
-            .args([&work, &kube, &node_bin, &images])
+            .args([&work, &bin, &images])
             .arg(&id)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -257,7 +250,7 @@ impl Node {
         }
         let runner = cmd.spawn().map_err(|e| format!("cannot start unshare: {e}"))?;
         let ns_pid = runner.id();
-        let node = Node { work, kube, runner: Mutex::new(Some(runner)), ns_pid };
+        let node = Node { work, kube: bin, runner: Mutex::new(Some(runner)), ns_pid };
         node.wait_ready(Duration::from_secs(300))?;
         node.kubectl_apply(&device_classes());
         Ok(node)
@@ -338,7 +331,7 @@ impl Node {
 
     pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Output {
         let mut cmd = self.in_node(self.kube.join("kubectl"));
-        cmd.arg("--kubeconfig").arg(self.admin_kubeconfig()).args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.arg("--kubeconfig").arg(self.admin_kubeconfig()).args(args).current_dir(super::repo_path(""));
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if input.is_some() {
             cmd.stdin(Stdio::piped());
