@@ -1,6 +1,6 @@
 //! The kube tier, reading: the real `drafs` binary against the real control
 //! plane (kube-apiserver and etcd built from their Go modules by
-//! tests/kube/build.sh), with the shipped RBAC applied for real, real bound
+//! tests/go/build.sh), with the shipped RBAC applied for real, real bound
 //! service-account tokens, TLS with a CA made at start, and objects written the
 //! way the cluster writes them (status subresources, generated claims, taints).
 //! Fails, not skips, when the control plane cannot be built or started;

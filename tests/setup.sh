@@ -6,10 +6,10 @@
 #     image), jq (the kubevirt-launcher example), and for the real node runc,
 #     the CNI plugins, busybox and iproute2;
 #   - the Rust build of drafs;
-#   - the Kubernetes components, containerd and helm, built from Go modules
-#     into caches outside the checkout (tests/kube/build.sh,
-#     tests/node/build.sh, tests/helm/build.sh); kube-apiserver v1.34, for
-#     the kube tier's second run in CI, is built by .ci/run (or on first use);
+#   - the Kubernetes components, etcd, containerd, helm and the DRA test
+#     driver, built from one Go module into a cache outside the checkout
+#     (tests/go/build.sh); kube-apiserver v1.34, for the kube tier's second
+#     run in CI, is built by .ci/run (or on first use);
 #   - the images the real node's pods run (tests/node/images.sh).
 # Each step is skipped when already done, so a second run costs seconds.
 set -euo pipefail
@@ -40,8 +40,7 @@ fi
 command -v go >/dev/null 2>&1 || { echo "setup: Go 1.26+ is needed for the kube and real-node tiers" >&2; exit 1; }
 
 cargo build --all-targets
-node=$(tests/node/build.sh | tail -n 1)
-tests/helm/build.sh >/dev/null
+bin=$(tests/go/build.sh | tail -n 1)
 echo "setup: Kubernetes components and containerd ready after $((SECONDS - start)) s" >&2
-tests/node/images.sh "${DRAFS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-node}/images" "$node/pause"
+tests/node/images.sh "${DRAFS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-node}/images" "$bin/pause"
 echo "setup: done after $((SECONDS - start)) s" >&2

@@ -3,7 +3,7 @@
 # registry, no pull) and exported as docker archives that the node's
 # containerd imports:
 #   drafs.tar  drafs:realnode           image/build.sh's image (the shipped one)
-#   pause.tar  registry.k8s.io/pause:drafs   the sandbox image (tests/node/cmd/pause)
+#   pause.tar  registry.k8s.io/pause:drafs   the sandbox image (tests/go/cmd/pause)
 #   shell.tar  drafs-test/shell:1       busybox and jq for the app containers, and
 #                                      stand-ins for the programs examples/ start
 #

@@ -3,7 +3,9 @@
 # inside network, mount and PID namespaces that the test creates:
 #
 #   unshare --net --mount --pid --fork --kill-child --mount-proc \
-#       bash tests/node/node.sh WORK KUBE_BIN NODE_BIN IMAGES ID
+#       bash tests/node/node.sh WORK BIN IMAGES ID
+#
+# BIN holds the programs tests/go/build.sh built.
 #
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd
 # (runc from Debian), the kubelet and two instances of the DRA driver (one
@@ -22,12 +24,12 @@
 # test leaves only those two; tests/support/node.rs sweeps them at the next
 # start (WORK/cgroup-root and WORK/sysctl.orig say what to undo).
 set -uo pipefail
-work=$1 kube=$2 node=$3 images=$4 id=$5
+work=$1 bin=$2 images=$3 id=$4
 readonly NODE_NAME=drafs-node NODE_IP=10.201.0.2 SERVICE_IP=10.96.0.1 POD_CIDR=10.202.0.0/24
 readonly GATES="DRAListTypeAttributes=true,DRAConsumableCapacity=true"
 readonly CGROUP_ROOT="drafs-node-$id"
 readonly SYSCTLS="vm.overcommit_memory kernel.panic kernel.panic_on_oops"
-export PATH="$node:$kube:/usr/sbin:/usr/bin:/sbin:/bin"
+export PATH="$bin:/usr/sbin:/usr/bin:/sbin:/bin"
 log=$work/logs
 mkdir -p "$log"
 

@@ -1,7 +1,8 @@
 // Builds kube-apiserver at Kubernetes v1.34.4, the oldest release serving
 // resource.k8s.io/v1, so the kube tier can also run against 1.34. Only the
-// apiserver: etcd, kubectl and the rest come from ../go.mod. build.sh builds it.
-module drafs.dev/tests/kube134
+// apiserver: etcd, kubectl and the rest come from ../go.mod. `../build.sh v1.34`
+// builds it.
+module drafs.dev/tests/go/v1.34
 
 go 1.26.0
 
