@@ -104,29 +104,60 @@ async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &V
 }
 
 async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
-    let mut checks = Vec::new();
-    let configurations =
-        bounded(c.timeout, Api::<MutatingWebhookConfiguration>::all(client.clone()).list(&ListParams::default()))
-            .await
-            .map(|l| l.items);
-    let configurations = match configurations {
+    let (configurations, mut checks) = configurations(client, c).await;
+    let entries = check::drafs_entries(&configurations);
+    let namespace_mode = namespace_mode(client, c.timeout, &entries).await;
+    let pod = injection(client, c, namespace, &configurations, namespace_mode, &mut checks).await;
+    // RBAC: the account drafs runs as.
+    let account = c.service_account.clone().unwrap_or_else(|| match &pod {
+        Some(pod) => inject::account_of(&pod["spec"]),
+        None => manifests::DEFAULT_ACCOUNT.to_string(),
+    });
+    let answers = access(client, c.timeout, namespace, &account).await;
+    checks.push(check::rbac(namespace, &account, answers));
+    checks.extend(webhooks(client, c, &entries).await);
+    if let Some(pod) = &pod {
+        // A pod served by drafs node: its CSIDriver and its node's registration.
+        if inject::csi_volume_of(&pod["spec"]).is_some() {
+            checks.push(node_agent_check(client, c.timeout, pod).await);
+        }
+        checks.push(drafs_container(client, c, namespace, pod).await);
+    }
+    Report { namespace: namespace.to_string(), pod: c.pod.clone(), checks }
+}
+
+/// The cluster's MutatingWebhookConfigurations and the check of drafs's.
+async fn configurations(client: &Client, c: &Config) -> (Vec<MutatingWebhookConfiguration>, Vec<Check>) {
+    let listed =
+        bounded(c.timeout, Api::<MutatingWebhookConfiguration>::all(client.clone()).list(&ListParams::default())).await;
+    match listed {
         Ok(list) => {
-            checks.push(check::configuration(&list));
-            list
+            let check = check::configuration(&list.items);
+            (list.items, vec![check])
         }
         Err(e) => {
-            checks.push(Check {
+            let check = Check {
                 name: "configuration",
                 status: Status::Fail,
                 message: format!("cannot list mutatingwebhookconfigurations: {e}"),
                 fix: None,
                 details: serde_json::json!({"configurations": [], "entries": [], "error": e.to_string()}),
-            });
-            Vec::new()
+            };
+            (Vec::new(), vec![check])
         }
-    };
-    let entries = check::drafs_entries(&configurations);
-    let namespace_mode = namespace_mode(client, c.timeout, &entries).await;
+    }
+}
+
+/// Whether the namespace's pods (or `--pod`) get drafs, checked into
+/// `checks`; the pod, when asked for and found.
+async fn injection(
+    client: &Client,
+    c: &Config,
+    namespace: &str,
+    configurations: &[MutatingWebhookConfiguration],
+    namespace_mode: Option<Mode>,
+    checks: &mut Vec<Check>,
+) -> Option<Value> {
     let ns = bounded(c.timeout, Api::<Namespace>::all(client.clone()).get_opt(namespace)).await;
     let pod = match &c.pod {
         None => None,
@@ -136,14 +167,13 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
                 .map(|p| p.map(|p| serde_json::to_value(p).unwrap_or_default())),
         ),
     };
-    // Injection: the namespace's, or the pod's.
     let labels = match &ns {
         Ok(Some(ns)) => Ok(check::namespace_labels(namespace, ns.metadata.labels.as_ref())),
         Ok(None) => Err(format!("namespace {namespace} does not exist")),
         Err(e) => Err(format!("cannot read namespace {namespace}: {e}")),
     };
-    let pod_value = match (&pod, &c.pod) {
-        (Some(Ok(Some(p))), _) => Some(p.clone()),
+    let pod_value = match (pod, &c.pod) {
+        (Some(Ok(Some(p))), _) => Some(p),
         // No namespace, no pod: said once, below.
         (Some(Ok(None)), Some(_)) if labels.is_err() => None,
         (Some(Ok(None)), Some(name)) => {
@@ -157,27 +187,24 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
         _ => None,
     };
     let pod_missing = c.pod.is_some() && pod_value.is_none();
-    match (&labels, &pod_value) {
-        (Err(e), _) => checks.push(failed("injection", e.clone())),
-        (Ok(labels), Some(pod)) => checks.push(check::pod_injection(&configurations, labels, pod, namespace_mode)),
+    match (labels, &pod_value) {
+        (Err(e), _) => checks.push(failed("injection", e)),
+        (Ok(labels), Some(pod)) => checks.push(check::pod_injection(configurations, &labels, pod, namespace_mode)),
         (Ok(labels), None) if !pod_missing => {
-            checks.push(check::namespace_injection(&configurations, namespace, labels, namespace_mode))
+            checks.push(check::namespace_injection(configurations, namespace, &labels, namespace_mode))
         }
         _ => {}
     }
-    // RBAC: the account drafs runs as.
-    let account = c.service_account.clone().unwrap_or_else(|| match &pod_value {
-        Some(pod) => inject::account_of(&pod["spec"]),
-        None => manifests::DEFAULT_ACCOUNT.to_string(),
-    });
-    let answers = access(client, c.timeout, namespace, &account).await;
-    checks.push(check::rbac(namespace, &account, answers));
-    // The webhook, per entry.
+    pod_value
+}
+
+/// The webhook, per drafs entry. Entries that share an endpoint (both of
+/// drafs's do) share one probe; the endpoints are probed at once, all within
+/// one --timeout.
+async fn webhooks(client: &Client, c: &Config, entries: &[(String, &MutatingWebhook)]) -> Vec<Check> {
     let now = i64::try_from(UnixTime::now().as_secs()).unwrap_or(i64::MAX);
-    // Entries that share an endpoint (both of drafs's do) share one probe;
-    // the endpoints are probed at once, all within one --timeout.
     let mut unique: Vec<(EndpointKey, &MutatingWebhook)> = Vec::new();
-    for (_, entry) in &entries {
+    for (_, entry) in entries {
         let key = endpoint_key(&entry.client_config);
         if !unique.iter().any(|(k, _)| *k == key) {
             unique.push((key, entry));
@@ -203,7 +230,8 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
             (key, probe)
         }))
         .await;
-    for (_, entry) in &entries {
+    let mut checks = Vec::new();
+    for (_, entry) in entries {
         let key = endpoint_key(&entry.client_config);
         let Some((_, earlier)) = probed.iter().find(|(k, _)| *k == key) else { continue };
         let probe = Probe {
@@ -214,27 +242,22 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
         };
         checks.push(check::webhook(&probe, now, c.warn_days));
     }
-    // A pod served by drafs node: its CSIDriver and its node's registration.
-    if let Some(pod) = &pod_value
-        && inject::csi_volume_of(&pod["spec"]).is_some()
-    {
-        checks.push(node_agent_check(client, c.timeout, pod).await);
-    }
-    // The pod's drafs container.
-    if let Some(pod) = &pod_value {
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-        let params = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
-        let events = bounded(c.timeout, Api::<Event>::namespaced(client.clone(), namespace).list(&params)).await;
-        let events: Vec<Value> = match events {
-            Ok(list) => list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect(),
-            Err(e) => {
-                tracing::warn!("cannot list the pod's events: {e}");
-                Vec::new()
-            }
-        };
-        checks.push(check::pod_status(pod, &events));
-    }
-    Report { namespace: namespace.to_string(), pod: c.pod.clone(), checks }
+    checks
+}
+
+/// The pod's drafs container, from its status and its Events.
+async fn drafs_container(client: &Client, c: &Config, namespace: &str, pod: &Value) -> Check {
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let params = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
+    let events = bounded(c.timeout, Api::<Event>::namespaced(client.clone(), namespace).list(&params)).await;
+    let events: Vec<Value> = match events {
+        Ok(list) => list.items.into_iter().filter_map(|e| serde_json::to_value(e).ok()).collect(),
+        Err(e) => {
+            tracing::warn!("cannot list the pod's events: {e}");
+            Vec::new()
+        }
+    };
+    check::pod_status(pod, &events)
 }
 
 fn failed(name: &'static str, message: String) -> Check {
