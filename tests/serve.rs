@@ -3,6 +3,7 @@
 
 use drafs_test_support as support;
 
+use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
@@ -577,6 +578,53 @@ fn ordinary_readers_do_not_flood_the_log_and_ioctl_is_enotty() {
     let log = stderr(&out);
     assert!(!log.contains("Not Implemented"), "{log}");
     assert!(log.lines().count() < 50, "{} log lines for 200 reads:\n{log}", log.lines().count());
+}
+
+/// Once a value has been read, opening, reading and closing it again is
+/// answered by the kernel alone: no open (no-open mode), no flush (answered
+/// ENOSYS once), no lookup or getattr (60 s TTLs), no read (the page cache).
+/// The FUSE read figure depends on it, and it is why FUSE passthrough, which
+/// takes an OPEN and a RELEASE per open, measured slower
+/// (docs/performance.md). fuser logs every request it receives at debug.
+#[test]
+fn fuse_open_read_close_stays_in_the_kernel() {
+    if !require_fuse() {
+        return;
+    }
+    let (_api, env) = rdma();
+    let mnt = env.path("mnt");
+    let log = ("DRAFS_LOG", "info,drafs=debug,kube_client=off,fuser=debug");
+    let mut serve = Serve::start_with_env(&env, &mnt, &[], &[log]);
+    // Read as it comes: a server blocked on a full pipe would hang the opens.
+    let mut pipe = serve.child.as_mut().unwrap().stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = pipe.read_to_string(&mut log);
+        log
+    });
+    serve.wait_for(".ready", Some(""), LIMIT);
+    const OPENS: usize = 1000;
+    let mut buf = [0u8; 256];
+    assert!(std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap().read(&mut buf).unwrap() > 0);
+    // A name that is not there: its lookup marks where the loop's requests begin.
+    assert!(!mnt.join("start-of-the-loop").exists());
+    for _ in 0..OPENS {
+        let mut f = std::fs::File::open(mnt.join(NIC0_IFNAME)).unwrap();
+        assert!(f.read(&mut buf).unwrap() > 0);
+    }
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(LIMIT).status.success());
+    let log = reader.join().unwrap();
+    let (_, loop_log) = log
+        .split_once("LOOKUP name \"start-of-the-loop\"")
+        .unwrap_or_else(|| panic!("no request in the log: has fuser's debug format changed?\n{log}"));
+    // "OPEN " is not "OPENDIR ", "READ " not "READDIR ".
+    let requests = |op: &str| loop_log.lines().filter(|l| l.contains(&format!(" {op} "))).count();
+    for op in ["LOOKUP", "GETATTR", "OPEN", "READ", "FLUSH", "RELEASE"] {
+        let first: Vec<&str> = loop_log.lines().take(20).collect();
+        let n = requests(op);
+        assert!(n < OPENS / 20, "{n} {op} requests for {OPENS} opens; the first requests:\n{}", first.join("\n"));
+    }
 }
 
 #[test]
