@@ -29,7 +29,9 @@ fn the_readme_has_two_set_up_commands_a_tree_and_the_ci_test_command() {
     assert!(ci.lines().any(|l| l.trim() == test), ".ci/run does not run exactly the README's test command {test:?}");
     assert!(test.contains("--no-fail-fast"), "the test command stops at the first failure: {test:?}");
     // The set-up CI does is the README's (nothing installed by hand).
-    assert!(ci.lines().any(|l| l.trim() == commands[1]), ".ci/run does not run the README's set-up {:?}", commands[1]);
+    for setup in &commands[..2] {
+        assert!(ci.lines().any(|l| l.trim() == setup), ".ci/run does not run the README's set-up {setup:?}");
+    }
 }
 
 #[test]
