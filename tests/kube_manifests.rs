@@ -242,17 +242,7 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: trainer, namespace: {ns}}}\nspec:\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: single-gpu}}]\n  containers:\n  - name: app\n    image: registry.example/app:1\n    resources: {{claims: [{{name: gpu}}]}}\n"
     );
-    let mut child = std::process::Command::new(drafs_bin())
-        .args(["inject", "--mode", "sidecar-files", "--image", "registry.example/drafs:test"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), pod.as_bytes()).unwrap();
-    let out = wait_output(child, LIMIT);
-    assert_ok(&out);
-    let injected = yaml_docs(&stdout(&out)).remove(0);
+    let injected = yaml_docs(&inject_text("sidecar-files", &pod)).remove(0);
     // Created for real: the ServiceAccount admission plugin decides what each container gets.
     let stored = cp.create(&injected);
     let spec = &stored["spec"];
@@ -276,15 +266,7 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
 
 /// `drafs inject --mode MODE` of `input`, with a fixed image.
 fn inject_text(mode: &str, input: &str) -> String {
-    let mut child = std::process::Command::new(drafs_bin())
-        .args(["inject", "--mode", mode, "--image", "registry.example/drafs:test"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
-    let out = wait_output(child, LIMIT);
+    let out = drafs_with_stdin(&["inject", "--mode", mode, "--image", "registry.example/drafs:test"], input);
     assert_ok(&out);
     stdout(&out)
 }

@@ -190,15 +190,9 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
             }],
         },
     });
-    let mut inject = std::process::Command::new(drafs_bin())
-        .args(["inject", "--mode", "csi", "--image", node::DRAFS_IMAGE, "--require", "gpu/gpu/0/uuid"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut inject.stdin.take().unwrap(), plain.to_string().as_bytes()).unwrap();
-    let injected = inject.wait_with_output().unwrap();
-    assert!(injected.status.success());
+    let args = ["inject", "--mode", "csi", "--image", node::DRAFS_IMAGE, "--require", "gpu/gpu/0/uuid"];
+    let injected = drafs_with_stdin(&args, &plain.to_string());
+    assert_ok(&injected);
     node.kubectl_apply(&stdout(&injected));
     let pod = node.wait_running(ns, "injected");
     assert_eq!(pod["spec"]["containers"].as_array().unwrap().len(), 1);
