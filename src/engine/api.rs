@@ -1,6 +1,7 @@
 //! The API server's vocabulary for the engine: how a request failed, and
 //! how long the server keeps a watch open.
 
+use crate::engine::store::Scope;
 use crate::publish::call::CallError;
 
 /// The server closes each watch after a random time between these (as
@@ -58,4 +59,20 @@ impl ApiError {
             other => ApiError::Failed { verb, resource, scope, code: other.code(), message: other.to_string() },
         }
     }
+
+    /// [`ApiError::named`] for a list or watch of `scope`: its resource and
+    /// field selector name it.
+    pub fn named_on(err: CallError, verb: &'static str, scope: &Scope) -> Self {
+        Self::named(err, verb, scope.resource(), selector_text(scope))
+    }
+
+    /// A list or watch of `scope` that failed without a status: `message` says why.
+    pub fn failed_on(verb: &'static str, scope: &Scope, message: String) -> Self {
+        ApiError::Failed { verb, resource: scope.resource().into(), scope: selector_text(scope), message, code: None }
+    }
+}
+
+/// How an error names a scope after its resource: " (field selector)".
+fn selector_text(scope: &Scope) -> String {
+    format!(" ({})", scope.field_selector())
 }

@@ -140,16 +140,6 @@ fn url() -> &'static str {
     "/apis/resource.k8s.io/v1/resourceslices"
 }
 
-fn failed(verb: &'static str, scope: &Scope, message: String) -> ApiError {
-    ApiError::Failed {
-        verb,
-        resource: "resourceslices".into(),
-        scope: format!(" ({})", scope.field_selector()),
-        message,
-        code: None,
-    }
-}
-
 /// Every slice of the scope, and the list's resource version.
 async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<str>>, String), ApiError> {
     let mut slices = BTreeMap::new();
@@ -161,14 +151,16 @@ async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<st
             continue_token: continue_token.take(),
             ..Default::default()
         };
-        let request = Request::new(url()).list(&params).map_err(|e| failed("list", scope, e.to_string()))?;
+        let request =
+            Request::new(url()).list(&params).map_err(|e| ApiError::failed_on("list", scope, e.to_string()))?;
         let body = bounded(REQUEST_TIMEOUT, client.request_text(request))
             .await
-            .map_err(|e| ApiError::named(e, "list", "resourceslices", format!(" ({})", scope.field_selector())))?;
+            .map_err(|e| ApiError::named_on(e, "list", scope))?;
         let page: RawList =
-            serde_json::from_str(&body).map_err(|e| failed("list", scope, format!("malformed: {e}")))?;
+            serde_json::from_str(&body).map_err(|e| ApiError::failed_on("list", scope, format!("malformed: {e}")))?;
         for raw in page.items {
-            let name = name_of(raw.get()).ok_or_else(|| failed("list", scope, "a slice without a name".into()))?;
+            let name = name_of(raw.get())
+                .ok_or_else(|| ApiError::failed_on("list", scope, "a slice without a name".into()))?;
             slices.insert(name, Arc::from(raw.get()));
         }
         continue_token = page.metadata.continue_token.filter(|t| !t.is_empty());
@@ -193,33 +185,36 @@ async fn watch_once(
         bookmarks: true,
         ..Default::default()
     };
-    let request =
-        Request::new(url()).watch(&params, resource_version).map_err(|e| failed("watch", scope, e.to_string()))?;
+    let request = Request::new(url())
+        .watch(&params, resource_version)
+        .map_err(|e| ApiError::failed_on("watch", scope, e.to_string()))?;
     let stream = bounded(REQUEST_TIMEOUT, client.request_stream(request))
         .await
-        .map_err(|e| ApiError::named(e, "watch", "resourceslices", format!(" ({})", scope.field_selector())))?;
+        .map_err(|e| ApiError::named_on(e, "watch", scope))?;
     let mut lines = std::pin::pin!(stream.lines());
     let mut last = resource_version.to_string();
     loop {
         let line = match tokio::time::timeout(WATCH_IDLE, lines.next()).await {
-            Err(_) => return Err(failed("watch", scope, "silent too long".into())),
+            Err(_) => return Err(ApiError::failed_on("watch", scope, "silent too long".into())),
             Ok(None) => return Ok(Some(last)),
-            Ok(Some(Err(e))) => return Err(failed("watch", scope, e.to_string())),
+            Ok(Some(Err(e))) => return Err(ApiError::failed_on("watch", scope, e.to_string())),
             Ok(Some(Ok(line))) if line.trim().is_empty() => continue,
             Ok(Some(Ok(line))) => line,
         };
         let event: RawEvent =
-            serde_json::from_str(&line).map_err(|e| failed("watch", scope, format!("malformed: {e}")))?;
+            serde_json::from_str(&line).map_err(|e| ApiError::failed_on("watch", scope, format!("malformed: {e}")))?;
         let object = event.object.get();
         match event.kind.as_str() {
             "ADDED" | "MODIFIED" => {
-                let name = name_of(object).ok_or_else(|| failed("watch", scope, "a slice without a name".into()))?;
+                let name = name_of(object)
+                    .ok_or_else(|| ApiError::failed_on("watch", scope, "a slice without a name".into()))?;
                 publish(tx, |set| {
                     set.slices.insert(name, Arc::from(object));
                 });
             }
             "DELETED" => {
-                let name = name_of(object).ok_or_else(|| failed("watch", scope, "a slice without a name".into()))?;
+                let name = name_of(object)
+                    .ok_or_else(|| ApiError::failed_on("watch", scope, "a slice without a name".into()))?;
                 publish(tx, |set| {
                     set.slices.remove(&name);
                 });

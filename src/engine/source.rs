@@ -315,10 +315,6 @@ impl ScopeContext {
         }
     }
 
-    fn selector(&self) -> String {
-        format!(" ({})", self.scope.field_selector())
-    }
-
     async fn fail(&self, error: ApiError) {
         if let Some(m) = &self.metrics {
             m.api_error(error.code());
@@ -330,13 +326,7 @@ impl ScopeContext {
     }
 
     fn malformed(&self, verb: &'static str, e: impl std::fmt::Display) -> ApiError {
-        ApiError::Failed {
-            verb,
-            resource: self.scope.resource().into(),
-            scope: self.selector(),
-            message: format!("malformed answer: {e}"),
-            code: None,
-        }
+        ApiError::failed_on(verb, &self.scope, format!("malformed answer: {e}"))
     }
 
     /// The filter to decode slices with, waiting until the claims have told it.
@@ -382,7 +372,7 @@ async fn list(mut ctx: ScopeContext, after: Duration) {
             };
             let budget = request_budget(ctx.deadline);
             let body = match bounded(budget, read_body(&ctx.client, request)).await {
-                Err(e) => return ctx.fail(ApiError::named(e, "list", ctx.scope.resource(), ctx.selector())).await,
+                Err(e) => return ctx.fail(ApiError::named_on(e, "list", &ctx.scope)).await,
                 Ok(body) => body,
             };
             let page: RawList = match serde_json::from_slice(&body) {
@@ -555,7 +545,7 @@ async fn watch_from(ctx: ScopeContext, resource_version: String, seconds: u32, s
     let mut changes = 0;
     let budget = request_budget(None);
     let stream = match bounded(budget, ctx.client.request_stream(request)).await {
-        Err(e) => return ctx.fail(ApiError::named(e, "watch", ctx.scope.resource(), ctx.selector())).await,
+        Err(e) => return ctx.fail(ApiError::named_on(e, "watch", &ctx.scope)).await,
         Ok(s) => s,
     };
     let mut lines = std::pin::pin!(stream.lines());
@@ -611,13 +601,7 @@ enum Event {
 
 impl ScopeContext {
     fn watch_failed(&self, message: String) -> ApiError {
-        ApiError::Failed {
-            verb: "watch",
-            resource: self.scope.resource().into(),
-            scope: self.selector(),
-            message,
-            code: None,
-        }
+        ApiError::failed_on("watch", &self.scope, message)
     }
 
     /// Decode one watch event (a line of the stream) into what it means.
@@ -651,11 +635,10 @@ impl ScopeContext {
             "ERROR" => match serde_json::from_str::<kube::core::Status>(event.object.get()) {
                 Err(e) => Event::Failed(self.malformed("watch", e)),
                 Ok(status) if status.code == 410 => Event::Expired,
-                Ok(status) => Event::Failed(ApiError::named(
+                Ok(status) => Event::Failed(ApiError::named_on(
                     CallError::from(kube::Error::Api(Box::new(status))),
                     "watch",
-                    self.scope.resource(),
-                    self.selector(),
+                    &self.scope,
                 )),
             },
             _ => Event::Skip,
