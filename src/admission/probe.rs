@@ -159,9 +159,7 @@ pub async fn handshake(
     let reach = match tokio::time::timeout(limit, ask).await {
         Ok(Ok(status)) => Reach::Answered { status, through: through.to_string() },
         Ok(Err(error)) => Reach::Failed { error, through: through.to_string() },
-        Err(_) => {
-            Reach::Failed { error: format!("no answer within {}s", limit.as_secs()), through: through.to_string() }
-        }
+        Err(_) => Reach::no_answer(limit, through),
     };
     (reach, Ok(chain))
 }

@@ -220,10 +220,7 @@ async fn webhooks(client: &Client, c: &Config, entries: &[(String, &MutatingWebh
                     endpoint: endpoint_of(entry),
                     server_name: String::new(),
                     ca_bundle: entry.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default(),
-                    reach: Reach::Failed {
-                        error: format!("no answer within {}s", c.timeout.as_secs()),
-                        through: endpoint_of(entry),
-                    },
+                    reach: Reach::no_answer(c.timeout, endpoint_of(entry)),
                     served: None,
                 },
             };

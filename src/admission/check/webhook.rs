@@ -26,6 +26,13 @@ pub enum Reach {
     Failed { error: String, through: String },
 }
 
+impl Reach {
+    /// No answer within `limit` (the probe's --timeout).
+    pub fn no_answer(limit: std::time::Duration, through: impl Into<String>) -> Reach {
+        Reach::Failed { error: format!("no answer within {}s", limit.as_secs()), through: through.into() }
+    }
+}
+
 /// What was measured of one webhook entry's endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Probe {
