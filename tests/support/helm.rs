@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use super::controlplane::ControlPlane;
 
-/// The directory holding `helm` (built once, cached outside the checkout).
+/// `helm` (built once with the other Go programs, cached outside the checkout).
 pub fn binary() -> PathBuf {
     let dir = super::controlplane::binaries();
     dir.unwrap_or_else(|e| panic!("helm could not be built: {e}")).join("helm")

@@ -103,7 +103,8 @@ pub fn devices(driver: &str, mark: &str) -> Value {
 /// A running single-node cluster.
 pub struct Node {
     work: PathBuf,
-    kube: PathBuf,
+    /// The Go programs (tests/go/build.sh): kubectl, the kubelet, containerd...
+    bin: PathBuf,
     runner: Mutex<Option<Child>>,
     /// The `unshare` process: it lives in the node's network and mount namespaces.
     ns_pid: u32,
@@ -250,7 +251,7 @@ impl Node {
         }
         let runner = cmd.spawn().map_err(|e| format!("cannot start unshare: {e}"))?;
         let ns_pid = runner.id();
-        let node = Node { work, kube: bin, runner: Mutex::new(Some(runner)), ns_pid };
+        let node = Node { work, bin, runner: Mutex::new(Some(runner)), ns_pid };
         node.wait_ready(Duration::from_secs(300))?;
         node.kubectl_apply(&device_classes());
         Ok(node)
@@ -330,7 +331,7 @@ impl Node {
     }
 
     pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Output {
-        let mut cmd = self.in_node(self.kube.join("kubectl"));
+        let mut cmd = self.in_node(self.bin.join("kubectl"));
         cmd.arg("--kubeconfig").arg(self.admin_kubeconfig()).args(args).current_dir(super::repo_path(""));
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if input.is_some() {
