@@ -289,3 +289,41 @@ fn a_stalled_api_server_is_bounded_by_the_timeout_for_init_get_and_exec() {
         assert!(err.contains("no answer"), "{args:?}: {err}");
     }
 }
+
+/// A filesystem too small for the tree (a tmpfs of a few pages or inodes, as
+/// `drafs node` sizes each volume): a clear error before anything is written,
+/// and nothing left in the directory. The tmpfs lives in a mount namespace of
+/// the command's own and goes with it.
+#[test]
+fn a_tree_that_outgrows_its_filesystem_is_refused_whole() {
+    if !require_fuse() {
+        return;
+    }
+    let run = |options: &str| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        std::fs::create_dir(&dir).unwrap();
+        let script = r#"mount -t tmpfs -o "$4" drafs-test "$1" || exit 99
+"$2" init --from-file "$3" --dir "$1"; rc=$?
+ls -A "$1"; exit $rc"#;
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
+            .arg(&dir)
+            .arg(drafs_bin())
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/offline/gpu-training.yaml"))
+            .arg(options);
+        run_captured(cmd, LIMIT)
+    };
+    for (options, short_of) in
+        [("size=16k,nr_inodes=1024", "(too few bytes)"), ("size=1m,nr_inodes=12", "(too few inodes)")]
+    {
+        let out = run(options);
+        assert_ne!(out.status.code(), Some(99), "mount: {}", stderr(&out));
+        let err = assert_failed(&out);
+        assert!(err.contains("no room for the tree") && err.contains(short_of), "{options}: {err}");
+        assert_eq!(stdout(&out).trim(), "", "{options}: left behind in the directory");
+    }
+    let out = run("size=1m,nr_inodes=1024");
+    assert_ok(&out);
+    assert!(stdout(&out).contains("..data"), "{}", stdout(&out));
+}

@@ -17,12 +17,16 @@ use std::time::Duration;
 use drafs::engine::shared::SharedSlices;
 use drafs::node::csi::Service;
 use drafs::node::grpc::{Code, Handler, Status};
+use drafs::node::metrics::NodeMetrics;
 use drafs::node::mounts::{AtTarget, Mounts};
 use drafs::node::proto::Writer;
-use drafs::node::volumes::{Timing, Volumes};
+use drafs::node::volumes::{Limits, Timing, Volumes};
+use drafs::publish::files::Room;
 use support::*;
 
 const UID: &str = "6f1d2c3a-9b8e-4d7f-a1b2-c3d4e5f60718";
+/// The second pod's (`trainer-1`, the example's pod made again under another name).
+const UID_2: &str = "7e2d3c4b-0a9f-4e8d-b2c3-d4e5f6071829";
 const UUID: &str = "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b";
 
 /// Mounts recorded, not made: the target directories stay plain directories.
@@ -30,7 +34,7 @@ const UUID: &str = "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b";
 struct Recorded(Arc<Mutex<HashSet<PathBuf>>>);
 
 impl Mounts for Recorded {
-    fn mount_tmpfs(&self, target: &Path) -> std::io::Result<()> {
+    fn mount_tmpfs(&self, target: &Path, _: Room) -> std::io::Result<()> {
         self.0.lock().unwrap().insert(target.to_path_buf());
         Ok(())
     }
@@ -54,38 +58,78 @@ struct Agent {
     deadline: Mutex<Duration>,
     service: Service<Recorded>,
     mounts: Recorded,
+    slices: Arc<SharedSlices>,
     kubelet: tempfile::TempDir,
 }
 
+const TIMING: Timing = Timing { watch_for: Duration::from_secs(120), refresh: Duration::from_secs(300) };
+const LIMITS: Limits = Limits { max_pods: 110, volume: Room { bytes: 4 << 20, inodes: 4096 } };
+
 fn agent() -> Agent {
+    agent_with(TIMING, LIMITS)
+}
+
+fn agent_with(timing: Timing, limits: Limits) -> Agent {
     // kube's client starts its buffer task on the runtime.
     let _runtime = runtime().enter();
     let api = api_for("ml");
-    api.load_yaml(&read("examples/offline/gpu-training.yaml"));
+    let example = read("examples/offline/gpu-training.yaml");
+    api.load_yaml(&example);
+    api.load_yaml(&example.replace("trainer-0", "trainer-1").replace(UID, UID_2));
     let kubelet = tempfile::tempdir().unwrap();
     let cluster = kube::Config::new(api.url().parse().unwrap());
     let mut own = cluster.clone();
     own.auth_info.token = Some(TOKEN.to_string().into());
     let slices = SharedSlices::new(kube::Client::try_from(own).unwrap());
-    let timing = Timing { watch_for: Duration::from_secs(120), refresh: Duration::from_secs(300) };
     let mounts = Recorded::default();
-    let volumes = Volumes::new(kubelet.path().to_path_buf(), cluster, slices, timing, mounts.clone());
-    let service =
-        Service { driver: "drafs.dev".into(), node_name: "gpu-node-7".into(), endpoint: "/csi.sock".into(), volumes };
-    Agent { api, deadline: Mutex::new(Duration::from_secs(10)), service, mounts, kubelet }
+    let metrics = Arc::new(NodeMetrics::default());
+    let shared = kube::Client::try_from(cluster).unwrap();
+    let volumes = Volumes::new(
+        kubelet.path().to_path_buf(),
+        shared,
+        slices.clone(),
+        timing,
+        limits,
+        mounts.clone(),
+        metrics.clone(),
+    );
+    let service = Service {
+        driver: "drafs.dev".into(),
+        node_name: "gpu-node-7".into(),
+        endpoint: "/csi.sock".into(),
+        volumes,
+        metrics,
+    };
+    Agent { api, deadline: Mutex::new(Duration::from_secs(10)), service, mounts, slices, kubelet }
 }
 
 impl Agent {
     fn target(&self) -> PathBuf {
-        self.kubelet.path().join(format!("pods/{UID}/volumes/kubernetes.io~csi/dra/mount"))
+        self.target_of(UID, "dra")
+    }
+
+    fn target_of(&self, uid: &str, volume: &str) -> PathBuf {
+        self.kubelet.path().join(format!("pods/{uid}/volumes/kubernetes.io~csi/{volume}/mount"))
     }
 
     fn publish_with(&self, target: &Path, token: &str, extra: &[(&str, &str)]) -> Result<Vec<u8>, Status> {
+        self.publish_volume("csi-1", ("trainer-0", UID), target, token, extra)
+    }
+
+    /// A publish of volume `id` of pod `(name, uid)` as the kubelet makes it.
+    fn publish_volume(
+        &self,
+        id: &str,
+        (pod, uid): (&str, &str),
+        target: &Path,
+        token: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Vec<u8>, Status> {
         let mut context: BTreeMap<String, String> = [
             ("csi.storage.k8s.io/ephemeral", "true"),
-            ("csi.storage.k8s.io/pod.name", "trainer-0"),
+            ("csi.storage.k8s.io/pod.name", pod),
             ("csi.storage.k8s.io/pod.namespace", "ml"),
-            ("csi.storage.k8s.io/pod.uid", UID),
+            ("csi.storage.k8s.io/pod.uid", uid),
         ]
         .iter()
         .chain(extra)
@@ -94,7 +138,7 @@ impl Agent {
         let tokens = serde_json::json!({"": {"token": token, "expirationTimestamp": "2026-12-03T14:00:00Z"}});
         context.insert("csi.storage.k8s.io/serviceAccount.tokens".into(), tokens.to_string());
         let mut req = Writer::new();
-        req.string(1, "csi-1").string(4, &target.to_string_lossy()).boolean(6, true).map(8, &context);
+        req.string(1, id).string(4, &target.to_string_lossy()).boolean(6, true).map(8, &context);
         self.call("/csi.v1.Node/NodePublishVolume", req.finish())
     }
 
@@ -103,9 +147,18 @@ impl Agent {
     }
 
     fn unpublish(&self) -> Result<Vec<u8>, Status> {
+        self.unpublish_volume("csi-1", &self.target())
+    }
+
+    fn unpublish_volume(&self, id: &str, target: &Path) -> Result<Vec<u8>, Status> {
         let mut req = Writer::new();
-        req.string(1, "csi-1").string(2, &self.target().to_string_lossy());
+        req.string(1, id).string(2, &target.to_string_lossy());
         self.call("/csi.v1.Node/NodeUnpublishVolume", req.finish())
+    }
+
+    /// The payload `..data` points at in `target`.
+    fn payload(&self, target: &Path) -> PathBuf {
+        std::fs::read_link(target.join("..data")).unwrap()
     }
 
     fn call(&self, method: &str, message: Vec<u8>) -> Result<Vec<u8>, Status> {
@@ -138,11 +191,14 @@ fn a_publish_answers_with_the_tree_written_and_a_republish_restarts_nothing() {
     a.publish(TOKEN).expect("republished");
     assert_eq!(a.pod_and_claim_requests(), 0, "{:?}", a.api.requests());
 
-    // A refreshed token: the same tree, a new run reading as the new token.
+    // A refreshed token: swapped into the run in place, nothing restarted
+    // (the tree is not written again) and the next reads carry it.
     a.api.add_token("refreshed-token", "system:serviceaccount:ml:drafs");
+    let payload = a.payload(&target);
     a.api.clear_requests();
     a.publish("refreshed-token").expect("published with the new token");
-    assert!(a.pod_and_claim_requests() > 0, "the new run reads the pod and its claims");
+    assert_eq!(a.pod_and_claim_requests(), 0, "nothing read again: {:?}", a.api.requests());
+    assert_eq!(a.payload(&target), payload, "the run was not restarted");
     assert_eq!(std::fs::read_to_string(target.join("gpu/gpu/0/uuid")).unwrap(), UUID);
 
     a.unpublish().expect("unpublished");
@@ -196,4 +252,135 @@ fn with_the_api_server_down_a_publish_says_what_it_waits_for_and_the_next_one_su
     *a.deadline.lock().unwrap() = Duration::from_secs(30);
     a.publish(TOKEN).expect("published once the API server answers");
     assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID);
+}
+
+/// With the pod's token refreshed (hourly, and for every volume after a
+/// kubelet restart), the run reads as the new token from its next request on.
+#[test]
+fn a_refreshed_token_is_the_one_the_next_reads_carry() {
+    // Every republish asks the pod and its claims again.
+    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::ZERO }, LIMITS);
+    a.publish(TOKEN).expect("published");
+    a.api.add_token("refreshed-token", "system:serviceaccount:ml:drafs");
+    a.api.clear_requests();
+    a.publish("refreshed-token").expect("republished");
+    let mut asked = Vec::new();
+    let read = wait_for(Duration::from_secs(30), || {
+        asked =
+            a.api.requests().into_iter().filter(|r| r.resource == "pods" || r.resource == "resourceclaims").collect();
+        asked.len() >= 2
+    });
+    assert!(read, "the republish did not ask again: {asked:?}");
+    assert!(asked.iter().all(|r| r.token == "refreshed-token"), "{asked:?}");
+}
+
+/// A pod gets one drafs volume; a second one is refused with the reason, and
+/// nothing is made for it.
+#[test]
+fn a_second_volume_of_a_pod_is_refused_with_the_reason() {
+    let a = agent();
+    a.publish(TOKEN).expect("published");
+    let second = a.target_of(UID, "dra-again");
+    let err = a.publish_volume("csi-2", ("trainer-0", UID), &second, TOKEN, &[]).unwrap_err();
+    assert_eq!(err.code, Code::FailedPrecondition);
+    assert!(err.message.contains("has a drafs volume already") && err.message.contains("\"dra\""), "{}", err.message);
+    assert!(!second.exists(), "nothing was made for it");
+    assert_eq!(a.mounts.0.lock().unwrap().len(), 1);
+}
+
+/// Beyond --max-pods a publish is refused (ResourceExhausted) until a pod goes.
+#[test]
+fn the_node_serves_at_most_max_pods() {
+    let a = agent_with(TIMING, Limits { max_pods: 1, ..LIMITS });
+    a.publish(TOKEN).expect("published");
+    let other = a.target_of(UID_2, "dra");
+    let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted);
+    assert!(err.message.contains("serves 1 pods already") && err.message.contains("--max-pods"), "{}", err.message);
+    assert!(!other.exists());
+    a.unpublish().expect("unpublished");
+    a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).expect("served once the first pod went");
+    assert_eq!(std::fs::read_to_string(other.join("gpu/gpu/0/uuid")).unwrap(), UUID);
+}
+
+/// The uid the kubelet sends is the pod's: a pod of the same name with
+/// another uid (deleted and made again) is not served into this volume.
+#[test]
+fn a_pod_of_the_same_name_but_another_uid_is_not_served() {
+    let a = agent();
+    let stale = "00000000-1111-2222-3333-444444444444";
+    let target = a.target_of(stale, "dra");
+    let err = a.publish_volume("csi-1", ("trainer-0", stale), &target, TOKEN, &[]).unwrap_err();
+    assert_eq!(err.code, Code::Unavailable);
+    assert!(err.message.contains("is another pod now") && err.message.contains(stale), "{}", err.message);
+    assert!(!target.join("gpu").exists(), "no device of the other pod's in the volume");
+}
+
+/// An unpublish touches only its own volume's target.
+#[test]
+fn an_unpublish_for_another_target_is_refused_and_changes_nothing() {
+    let a = agent();
+    a.publish(TOKEN).expect("published");
+    a.publish_volume("csi-2", ("trainer-1", UID_2), &a.target_of(UID_2, "dra"), TOKEN, &[]).expect("published");
+    // Volume csi-1's id with csi-2's target, and an unknown id with csi-1's target.
+    for (id, target) in [("csi-1", a.target_of(UID_2, "dra")), ("csi-unknown", a.target())] {
+        let err = a.unpublish_volume(id, &target).unwrap_err();
+        assert_eq!(err.code, Code::FailedPrecondition, "{id}: {}", err.message);
+        assert!(err.message.contains("nothing was done"), "{}", err.message);
+    }
+    assert_eq!(a.mounts.0.lock().unwrap().len(), 2, "both volumes still mounted");
+    assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID);
+    // Still live: the run of csi-1 was not stopped.
+    a.api.clear_requests();
+    a.publish(TOKEN).expect("republished");
+    assert_eq!(a.pod_and_claim_requests(), 0, "found running, not started again");
+}
+
+/// The node's slice watch is shared while volumes use it, and stops with the last one.
+#[test]
+fn the_shared_slice_watch_ends_with_its_last_volume() {
+    let a = agent();
+    a.publish(TOKEN).expect("published");
+    a.publish_volume("csi-2", ("trainer-1", UID_2), &a.target_of(UID_2, "dra"), TOKEN, &[]).expect("published");
+    assert_eq!(a.slices.status().len(), 1, "one shared scope: {:?}", a.slices.status());
+    a.unpublish().expect("unpublished");
+    assert_eq!(a.slices.status().len(), 1, "still used by the second volume");
+    a.unpublish_volume("csi-2", &a.target_of(UID_2, "dra")).expect("unpublished");
+    let ended = wait_for(Duration::from_secs(10), || a.slices.status().is_empty());
+    assert!(ended, "the scope is still followed: {:?}", a.slices.status());
+    // A later volume starts it again.
+    a.publish(TOKEN).expect("published again");
+    assert_eq!(a.slices.status().len(), 1);
+}
+
+/// A volume's slow write holds up no other call: a republish with a
+/// refreshed token answers at once (it used to stop the run, waiting for the
+/// write, under a lock every volume needs), and other volumes are published
+/// and unpublished meanwhile.
+#[test]
+fn a_slow_write_on_one_volume_holds_up_no_call() {
+    let a = agent();
+    a.publish(TOKEN).expect("published");
+    let other = a.target_of(UID_2, "dra");
+    a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).expect("published");
+    // From now on every write of csi-1's tree takes 20 s more, and says when it starts.
+    let marker = a.kubelet.path().join("write-started");
+    let slow = format!("20000:{}:{}", marker.display(), a.target().display());
+    // SAFETY: nextest runs each test in a process of its own; no other thread reads the environment now.
+    unsafe { std::env::set_var("DRAFS_TEST_SLOW_WRITE", slow) };
+    // The driver changes the device: both trees are written again, csi-1's slowly.
+    let mut slice = a.api.get("ResourceSlice", "", "gpu-node-7-gpu.nvidia.com-k2m9x").expect("the example's slice");
+    for d in slice.pointer_mut("/spec/devices").and_then(|d| d.as_array_mut()).unwrap() {
+        d["attributes"]["productName"] = serde_json::json!({"string": "NVIDIA H200 (rev 2)"});
+    }
+    a.api.apply(slice);
+    wait_until("csi-1's slow write started", Duration::from_secs(30), || marker.exists());
+    let old = || std::fs::read_to_string(a.target().join("gpu/gpu/0/productName")).unwrap() == "NVIDIA H200";
+    a.api.add_token("refreshed-token", "system:serviceaccount:ml:drafs");
+    a.publish("refreshed-token").expect("republished with a refreshed token");
+    a.unpublish_volume("csi-2", &other).expect("csi-2 unpublished");
+    a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).expect("csi-2 published again");
+    assert!(old(), "csi-1's write is still under way: none of these calls waited for it");
+    // The write lands; the run, never stopped, serves on.
+    wait_until("csi-1's tree updated", Duration::from_secs(60), || !old());
 }

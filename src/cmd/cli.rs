@@ -105,6 +105,21 @@ pub struct NodeArgs {
     /// the device comes then) before they are only read again at each refresh.
     #[arg(long, env = "DRAFS_WATCH_FOR", default_value = "2m", value_name = "DURATION", value_parser = parse_duration)]
     pub watch_for: std::time::Duration,
+    /// Pods served at once (one volume each); a pod beyond is refused (ResourceExhausted) until one goes.
+    /// With --volume-size, it bounds the tmpfs memory charged to the agent (docs/node-mode.md).
+    #[arg(long, env = "DRAFS_MAX_PODS", default_value_t = 110, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_pods: u32,
+    /// The largest tmpfs of a volume: its tree, the next one while it is swapped in, and the
+    /// superseded ones kept for readers still inside them. A tree that outgrows it is refused.
+    #[arg(long, env = "DRAFS_VOLUME_SIZE", default_value = "4Mi", value_name = "SIZE", value_parser = crate::model::names::parse_size)]
+    pub volume_size: u64,
+    /// The most files, directories and links a volume's tmpfs holds (as --volume-size, in inodes).
+    #[arg(long, env = "DRAFS_VOLUME_INODES", default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u64).range(64..=1_000_000))]
+    pub volume_inodes: u64,
+    /// Serve /metrics, /healthz and /readyz (ready once the kubelet confirmed the registration and
+    /// while both sockets are the agent's) over plain HTTP on this address; off by default.
+    #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// A CSI driver name: a DNS subdomain of at most 63 characters, as the CSIDriver object's.

@@ -67,6 +67,7 @@ impl Output {
             require: args.require.clone(),
             metrics_addr: args.metrics_addr,
             events: args.events.into(),
+            turns: None,
         };
         Ok(Output { publishing, termination_log: args.termination_log.clone() })
     }

@@ -20,7 +20,7 @@ pub enum Values {
     /// A tree written by `init` or served by `serve` (`--from-dir`).
     Dir(PathBuf),
     /// Resolved once, from the file or the API.
-    Resolved(Source, Select),
+    Resolved(Box<Source>, Select),
 }
 
 #[derive(Debug)]
@@ -38,7 +38,7 @@ impl Config {
             args.command.split_first().ok_or_else(|| Failure::Usage("no command given after --".into()))?;
         let values = match &args.from_dir {
             Some(dir) => Values::Dir(dir.clone()),
-            None => Values::Resolved(config::source(&args.source)?, Select::from_args(&args.select)),
+            None => Values::Resolved(Box::new(config::source(&args.source)?), Select::from_args(&args.select)),
         };
         Ok(Config {
             env: args.env.clone(),

@@ -11,10 +11,13 @@ use tracing::info;
 use crate::cmd::cli::NodeArgs;
 use crate::cmd::{Failure, Stop};
 use crate::engine::shared::SharedSlices;
+use crate::node::agent::{self, Health, OwnSocket};
 use crate::node::csi::Service;
-use crate::node::grpc;
+use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
-use crate::node::volumes::{Timing, Volumes};
+use crate::node::volumes::{Limits, Timing, Volumes};
+use crate::publish::files::Room;
+use crate::publish::metrics;
 
 #[derive(Debug)]
 pub struct Config {
@@ -24,8 +27,9 @@ pub struct Config {
     pub endpoint: PathBuf,
     /// The registration socket the kubelet finds.
     pub registration: PathBuf,
-    pub refresh: std::time::Duration,
-    pub watch_for: std::time::Duration,
+    pub timing: Timing,
+    pub limits: Limits,
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -45,8 +49,12 @@ impl Config {
             driver: args.driver_name.clone(),
             endpoint,
             registration: registration_dir.join(format!("{}-reg.sock", args.driver_name)),
-            refresh: args.refresh,
-            watch_for: args.watch_for,
+            timing: Timing { refresh: args.refresh, watch_for: args.watch_for },
+            limits: Limits {
+                max_pods: args.max_pods as usize,
+                volume: Room { bytes: args.volume_size, inodes: args.volume_inodes },
+            },
+            metrics_addr: args.metrics_addr,
         })
     }
 }
@@ -56,45 +64,67 @@ fn failed(what: String) -> impl FnOnce(std::io::Error) -> Failure {
 }
 
 pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
-    let cluster = kube::Config::infer()
+    let mut cluster = kube::Config::infer()
         .await
         .map_err(|e| Failure::Usage(format!("cannot find the API server (in-cluster or kubeconfig): {e}")))?;
     // The agent's own account reads the node's slices, once for every volume.
     let own = kube::Client::try_from(cluster.clone())
         .map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
     let slices = SharedSlices::new(own);
+    // Every pod's reads go through one client without credentials: each carries its pod's token.
+    cluster.auth_info = kube::config::AuthInfo::default();
+    let shared =
+        kube::Client::try_from(cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
+    let node_metrics = Arc::new(NodeMetrics::default());
+    let timing = c.timing;
     let volumes = Volumes::new(
         c.kubelet_dir.clone(),
-        cluster,
-        slices,
-        Timing { refresh: c.refresh, watch_for: c.watch_for },
+        shared,
+        slices.clone(),
+        timing,
+        c.limits,
         SystemMounts,
+        node_metrics.clone(),
     );
     let service = Arc::new(Service {
         driver: c.driver.clone(),
         node_name: c.node_name.clone(),
         endpoint: c.endpoint.clone(),
         volumes: volumes.clone(),
+        metrics: node_metrics.clone(),
     });
-    for socket in [&c.endpoint, &c.registration] {
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(failed(format!("cannot create {}", dir.display())))?;
-        }
-    }
-    let endpoint = grpc::listen(&c.endpoint).map_err(failed(format!("cannot listen on {}", c.endpoint.display())))?;
+    let bind = |path: &PathBuf| OwnSocket::bind(path).map_err(failed(format!("cannot listen on {}", path.display())));
+    let (endpoint, endpoint_listener) = bind(&c.endpoint)?;
     // The registration socket last: the kubelet calls the endpoint as soon as it finds it.
-    let registration =
-        grpc::listen(&c.registration).map_err(failed(format!("cannot listen on {}", c.registration.display())))?;
-    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), "serving CSI volumes");
-    let signal = tokio::select! {
-        () = grpc::serve(endpoint, service.clone()) => unreachable!("serves until dropped"),
-        () = grpc::serve(registration, service.clone()) => unreachable!("serves until dropped"),
-        signal = stop.signalled() => signal,
-    };
+    let (registration, registration_listener) = bind(&c.registration)?;
+    let (endpoint, registration) = (Arc::new(endpoint), Arc::new(registration));
+    if let Some(addr) = c.metrics_addr {
+        let listener = metrics::bind(addr).await.map_err(failed(format!("cannot serve metrics on {addr}")))?;
+        let health = Arc::new(Health {
+            metrics: node_metrics,
+            volumes: volumes.clone(),
+            slices,
+            sockets: [endpoint.clone(), registration.clone()],
+            limits: c.limits,
+        });
+        tokio::spawn(metrics::serve(listener, health));
+    }
+    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), max_pods = c.limits.max_pods, "serving CSI volumes");
+    let (signalled, signal) = tokio::sync::oneshot::channel();
+    let sockets = agent::serve_sockets(
+        service,
+        (endpoint.clone(), endpoint_listener),
+        (registration.clone(), registration_listener),
+        async move {
+            let _ = signalled.send(stop.signalled().await);
+        },
+    );
+    sockets.await;
+    let signal = signal.await.map_or_else(|_| "stopped".to_string(), |s| s.to_string());
     info!("{signal}: stopping; the published trees stay mounted");
     // Unregister first: the kubelet stops calling a plugin whose socket is gone.
-    let _ = std::fs::remove_file(&c.registration);
+    registration.remove_if_ours();
     volumes.stop_all().await;
-    let _ = std::fs::remove_file(&c.endpoint);
+    endpoint.remove_if_ours();
     Ok(())
 }

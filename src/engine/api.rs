@@ -26,6 +26,12 @@ pub enum ApiError {
         "pod {namespace}/{name} not found; set POD_NAME and POD_NAMESPACE from the downward API (metadata.name, metadata.namespace) or pass --pod-name/--pod-namespace"
     )]
     PodNotFound { namespace: String, name: String },
+    /// The pod of that name is not the one served (deleted and made again
+    /// with the same name, as a StatefulSet's are): its devices are another pod's.
+    #[error(
+        "pod {namespace}/{name} is another pod now (uid {found}), not the one this volume belongs to (uid {expected}); its devices are not served here"
+    )]
+    OtherPod { namespace: String, name: String, found: String, expected: String },
     #[error("cannot {verb} {resource}{scope}: {message}")]
     Failed { verb: &'static str, resource: String, scope: String, message: String, code: Option<u16> },
 }
@@ -41,6 +47,7 @@ impl ApiError {
             ApiError::Forbidden { .. } => Some(403),
             ApiError::Unauthorized { .. } => Some(401),
             ApiError::PodNotFound { .. } => Some(404),
+            ApiError::OtherPod { .. } => None,
             ApiError::Failed { code, .. } => *code,
         }
     }

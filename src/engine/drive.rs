@@ -68,7 +68,8 @@ pub enum Progress {
 enum Wake {
     Inputs(Vec<Input>),
     Written(Box<Option<Written>>),
-    Retry,
+    /// A failed write to retry, or superseded payloads to remove.
+    Timer,
 }
 
 /// Drive the reconciler with the engine until the run is done. Outputs are
@@ -116,11 +117,11 @@ pub async fn drive_reporting(
         if matches!(reconciler.phase(), Phase::Ready | Phase::Degraded) {
             engine.clear_deadline();
         }
-        let retry_at = outputs.as_ref().and_then(|o| o.retry_at());
+        let timer_at = outputs.as_ref().and_then(|o| o.timer_at());
         let wake = tokio::select! {
             inputs = engine.next_batch() => Wake::Inputs(inputs),
             written = write_done(outputs.as_deref_mut()) => Wake::Written(Box::new(written)),
-            _ = sleep_until_opt(retry_at) => Wake::Retry,
+            _ = sleep_until_opt(timer_at) => Wake::Timer,
         };
         step = Step::default();
         let busy = |outputs: &Option<&mut Outputs>| outputs.as_ref().is_some_and(|o| o.is_writing());
@@ -144,9 +145,9 @@ pub async fn drive_reporting(
                     step = reconciler.settle(std::time::Instant::now());
                 }
             }
-            Wake::Retry => {
+            Wake::Timer => {
                 if let Some(out) = outputs.as_deref_mut() {
-                    out.retry_failed();
+                    out.timer_fired();
                 }
             }
         }

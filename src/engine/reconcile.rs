@@ -229,6 +229,8 @@ pub struct Reconciler {
     /// The objects come from this file: every get and list is answered at
     /// once and nothing ever changes, so nothing is waited for or watched.
     fixed: Option<String>,
+    /// The uid of the pod served, when the caller knows it (the node agent).
+    expected_uid: Option<String>,
 }
 
 /// Distinct warnings remembered by [`Warned`].
@@ -298,7 +300,15 @@ impl Reconciler {
             started: None,
             unsettled: false,
             fixed: None,
+            expected_uid: None,
         }
+    }
+
+    /// Serve only the pod with this uid (the node agent's volume belongs to
+    /// one pod; another of the same name is refused).
+    pub fn expecting_uid(mut self, uid: Option<String>) -> Self {
+        self.expected_uid = uid;
+        self
     }
 
     /// The objects come from a file, named `shown` in messages.
@@ -452,11 +462,21 @@ impl Reconciler {
         true
     }
 
-    /// Defence in depth: the object must be the pod asked for.
+    /// Defence in depth: the object must be the pod asked for (and, when
+    /// known, the very pod: its uid).
     fn other_pod(&self, pod: &Pod) -> Option<ApiError> {
         let (name, namespace) = (pod.metadata.name.as_deref(), pod.metadata.namespace.as_deref());
         if name == Some(self.pod_ref.name.as_str()) && namespace.is_none_or(|ns| ns == self.pod_ref.namespace) {
-            return None;
+            let found = pod.metadata.uid.as_deref().unwrap_or_default();
+            return match &self.expected_uid {
+                Some(expected) if expected != found => Some(ApiError::OtherPod {
+                    namespace: self.pod_ref.namespace.clone(),
+                    name: self.pod_ref.name.clone(),
+                    found: found.to_string(),
+                    expected: expected.clone(),
+                }),
+                _ => None,
+            };
         }
         Some(ApiError::Failed {
             verb: "get",

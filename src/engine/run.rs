@@ -24,7 +24,7 @@ use crate::model::objects::LoadError;
 use crate::model::resolve::{Resolution, Selection};
 use crate::model::tree::RequirePath;
 use crate::publish::events::{self, Events, EventsMode, Note};
-use crate::publish::files::{AtomicDir, WriteError};
+use crate::publish::files::{AtomicDir, DirTurns, RETENTION, Retention, WriteError};
 use crate::publish::fuse::{FuseError, FuseMount};
 use crate::publish::metadata_dir::MetadataDirError;
 use crate::publish::metrics::{self, Metrics};
@@ -46,8 +46,9 @@ pub enum Source {
         namespace: Option<String>,
     },
     /// The API server through a client the caller made (the node agent's,
-    /// with a pod's own token), and the pod; slices shared with other runs.
-    Connected { client: Client, pod: PodRef, sharing: Option<Sharing> },
+    /// with a pod's own token), and the pod (only the one with `uid`, when
+    /// given); slices shared with other runs.
+    Connected { client: Client, pod: PodRef, uid: Option<String>, sharing: Option<Sharing> },
 }
 
 /// What a run of the node agent shares with the others on its node: the
@@ -91,6 +92,10 @@ pub struct Publishing {
     pub require: Vec<RequirePath>,
     pub metrics_addr: Option<SocketAddr>,
     pub events: EventsMode,
+    /// The tree directory's lock, held by the caller and lent to this run
+    /// (the node agent's volume, whose runs take turns on one tree); None:
+    /// the run takes the lock itself.
+    pub turns: Option<Arc<DirTurns>>,
 }
 
 /// Why a run could not start, or ended without a result.
@@ -180,7 +185,16 @@ impl Run {
         }
         let tree = match out.backend {
             TreeBackend::Fuse => TreeOutput::Fuse(FuseMount::mount(&out.dir, Some(metrics.clone()))?),
-            TreeBackend::Files => TreeOutput::Files(AtomicDir::open(&out.dir)?),
+            TreeBackend::Files => {
+                let dir = match &out.turns {
+                    Some(turns) => AtomicDir::taking_turns(&out.dir, turns.clone()),
+                    None => AtomicDir::open(&out.dir)?,
+                };
+                // `init` writes before the app starts and exits: nobody is
+                // inside a tree it replaces, so it keeps none.
+                let retention = if mode == Mode::Follow { RETENTION } else { Retention::NONE };
+                TreeOutput::Files(dir.with_retention(retention))
+            }
         };
         let mount_id = match &tree {
             TreeOutput::Fuse(m) => m.mount_id(),
@@ -208,11 +222,13 @@ impl Run {
                 (Inputs::File(file.feed), reconciler, Events::none())
             }
             Source::Api { .. } | Source::Connected { .. } => {
-                let (client, pod, sharing) = match source {
-                    Source::Connected { client, pod, sharing } => (client.clone(), pod.clone(), sharing.clone()),
+                let (client, pod, uid, sharing) = match source {
+                    Source::Connected { client, pod, uid, sharing } => {
+                        (client.clone(), pod.clone(), uid.clone(), sharing.clone())
+                    }
                     Source::Api { pod_name, namespace } => {
                         let (client, pod) = connect(pod_name.clone(), namespace.clone()).await?;
-                        (client, pod, None)
+                        (client, pod, None, None)
                     }
                     Source::File { .. } => unreachable!("matched above"),
                 };
@@ -226,7 +242,8 @@ impl Run {
                 if let Some(Sharing { slices, polling }) = sharing {
                     engine = engine.with_shared_slices(slices).with_polling(polling);
                 }
-                (Inputs::Api(engine), Reconciler::new(mode, pod, selection, require), events)
+                let reconciler = Reconciler::new(mode, pod, selection, require).expecting_uid(uid);
+                (Inputs::Api(engine), reconciler, events)
             }
         };
         let outputs = publish.map(|(publisher, metrics, out)| Outputs::new(publisher, metrics, events, &out.dir));

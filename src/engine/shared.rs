@@ -58,10 +58,11 @@ impl SliceSet {
     }
 }
 
-/// The shared scopes, each followed by one task from its first subscriber on.
+/// The shared scopes, each followed by one task from its first subscriber
+/// until its last one goes.
 pub struct SharedSlices {
     client: Client,
-    scopes: Mutex<HashMap<Scope, watch::Receiver<Arc<SliceSet>>>>,
+    scopes: Mutex<HashMap<Scope, Arc<watch::Sender<Arc<SliceSet>>>>>,
 }
 
 impl SharedSlices {
@@ -70,38 +71,76 @@ impl SharedSlices {
         Arc::new(SharedSlices { client, scopes: Mutex::new(HashMap::new()) })
     }
 
+    fn scopes(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Arc<watch::Sender<Arc<SliceSet>>>>> {
+        self.scopes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The scope's sets, following it from now on if nobody did yet.
-    pub fn subscribe(&self, scope: &Scope) -> watch::Receiver<Arc<SliceSet>> {
-        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
-        scopes
-            .entry(scope.clone())
-            .or_insert_with(|| {
-                let (tx, rx) = watch::channel(Arc::new(SliceSet::default()));
-                tokio::spawn(follow(self.client.clone(), scope.clone(), tx));
-                rx
+    pub fn subscribe(self: &Arc<Self>, scope: &Scope) -> watch::Receiver<Arc<SliceSet>> {
+        let mut scopes = self.scopes();
+        if let Some(tx) = scopes.get(scope) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(Arc::new(SliceSet::default()));
+        let tx = Arc::new(tx);
+        scopes.insert(scope.clone(), tx.clone());
+        tokio::spawn(follow_while_subscribed(self.clone(), scope.clone(), tx));
+        rx
+    }
+
+    /// The scopes followed now: each one's field selector, whether it was
+    /// listed, and whether it is failing.
+    pub fn status(&self) -> Vec<(String, bool, bool)> {
+        let mut out: Vec<_> = self
+            .scopes()
+            .iter()
+            .map(|(scope, tx)| {
+                let set = tx.borrow();
+                (scope.field_selector(), set.listed, set.error.is_some())
             })
-            .clone()
+            .collect();
+        out.sort();
+        out
     }
 }
 
-/// List, then watch, then list again on any trouble, forever (until nobody
-/// listens).
-async fn follow(client: Client, scope: Scope, tx: watch::Sender<Arc<SliceSet>>) {
+/// [`follow`] until the scope's last subscriber goes; then the scope is
+/// forgotten (a later subscriber starts it again).
+async fn follow_while_subscribed(hub: Arc<SharedSlices>, scope: Scope, tx: Arc<watch::Sender<Arc<SliceSet>>>) {
+    loop {
+        tokio::select! {
+            () = follow(hub.client.clone(), scope.clone(), &tx) => return,
+            () = tx.closed() => {}
+        }
+        let mut scopes = hub.scopes();
+        // A subscriber may have come between the last going and this lock.
+        if tx.receiver_count() == 0 {
+            if scopes.get(&scope).is_some_and(|t| Arc::ptr_eq(t, &tx)) {
+                scopes.remove(&scope);
+            }
+            debug!(%scope, "shared slices: no subscriber left; stopped");
+            return;
+        }
+    }
+}
+
+/// List, then watch, then list again on any trouble, forever.
+async fn follow(client: Client, scope: Scope, tx: &watch::Sender<Arc<SliceSet>>) {
     let mut retry = RetryBackoff::default();
     let mut watches = 0u64;
     let seed = crate::model::backoff::seed_of(&scope.to_string());
-    while !tx.is_closed() {
+    loop {
         let (mut slices, mut resource_version) = match list(&client, &scope).await {
             Ok(listed) => listed,
             Err(error) => {
                 warn!(%scope, "shared slices: {error}");
-                publish(&tx, |set| set.error = Some(error));
+                publish(tx, |set| set.error = Some(error));
                 tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
                 continue;
             }
         };
         retry.reset();
-        publish(&tx, |set| {
+        publish(tx, |set| {
             set.listed = true;
             set.error = None;
             set.slices = std::mem::take(&mut slices);
@@ -110,7 +149,7 @@ async fn follow(client: Client, scope: Scope, tx: watch::Sender<Arc<SliceSet>>) 
         loop {
             watches += 1;
             let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
-            match watch_once(&client, &scope, &resource_version, seconds, &tx).await {
+            match watch_once(&client, &scope, &resource_version, seconds, tx).await {
                 Ok(Some(last)) => resource_version = last,
                 Ok(None) => break,
                 Err(error) => {

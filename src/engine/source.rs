@@ -68,6 +68,10 @@ pub struct Engine {
     shared: Option<Arc<SharedSlices>>,
     /// The last set of each shared scope this run was given (what its changes are counted from).
     seen: Arc<std::sync::Mutex<HashMap<Scope, Arc<SliceSet>>>>,
+    /// This run's subscription to each shared scope it reads, held for the
+    /// run's life: the hub follows a scope while anyone holds one, so the
+    /// moment between a list and the watch after it never stops it.
+    subscriptions: HashMap<Scope, watch::Receiver<Arc<SliceSet>>>,
     polling: Option<Polling>,
 }
 
@@ -109,6 +113,7 @@ impl Engine {
             watches: 0,
             shared: None,
             seen: Arc::default(),
+            subscriptions: HashMap::new(),
             polling: None,
             pod,
         }
@@ -164,18 +169,16 @@ impl Engine {
                 }
                 Action::List { scope, after } => {
                     let ctx = self.context(scope.clone());
-                    let task = match &self.shared {
-                        Some(shared) if scope.is_slices() => {
-                            tokio::spawn(shared_list(ctx, shared.subscribe(&scope), self.seen.clone(), after))
-                        }
-                        _ => tokio::spawn(list(ctx, after)),
+                    let task = match self.subscription(&scope) {
+                        Some(sets) => tokio::spawn(shared_list(ctx, sets, self.seen.clone(), after)),
+                        None => tokio::spawn(list(ctx, after)),
                     };
                     self.replace_task(scope, task);
                 }
                 Action::Watch { scope, resource_version, after } => {
                     let ctx = self.context(scope.clone());
-                    if let Some(shared) = self.shared.as_ref().filter(|_| scope.is_slices()) {
-                        let task = tokio::spawn(shared_watch(ctx, shared.subscribe(&scope), self.seen.clone(), after));
+                    if let Some(sets) = self.subscription(&scope) {
+                        let task = tokio::spawn(shared_watch(ctx, sets, self.seen.clone(), after));
                         self.replace_task(scope, task);
                         continue;
                     }
@@ -203,6 +206,12 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The run's subscription to a shared scope of slices (None: not shared).
+    fn subscription(&mut self, scope: &Scope) -> Option<watch::Receiver<Arc<SliceSet>>> {
+        let shared = self.shared.as_ref().filter(|_| scope.is_slices())?;
+        Some(self.subscriptions.entry(scope.clone()).or_insert_with(|| shared.subscribe(scope)).clone())
     }
 
     fn replace_task(&mut self, scope: Scope, task: JoinHandle<()>) {

@@ -113,6 +113,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// Parse a size in bytes as Kubernetes writes quantities of memory: `4Mi`,
+/// `512Ki`, `1Gi`, or a bare number of bytes; at least 64 KiB, at most 1 GiB
+/// (a volume of a tree of files).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let n: u64 = text[..digits].parse().map_err(|_| format!("invalid size {text:?}: expected e.g. 4Mi, 512Ki"))?;
+    let unit: u64 = match &text[digits..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => return Err(format!("invalid size {text:?}: unknown unit {other:?} (use Ki, Mi, Gi)")),
+    };
+    let bytes = n.checked_mul(unit).ok_or_else(|| format!("size {text:?} is too large"))?;
+    if !(64 << 10..=1 << 30).contains(&bytes) {
+        return Err(format!("size {text:?} must be between 64Ki and 1Gi"));
+    }
+    Ok(bytes)
+}
+
 /// A duration as the flags write it, in its largest whole unit (`2m`, `90s`,
 /// `1500ms`): [`parse_duration`] reads it back exactly (to the millisecond).
 pub fn duration_text(d: Duration) -> String {

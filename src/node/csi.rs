@@ -5,12 +5,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::node::grpc::{Code, Handler, Status};
+use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::Mounts;
 use crate::node::proto::{self, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, RegistrationStatus, Writer};
 use crate::node::request::Publish;
@@ -28,6 +29,7 @@ pub struct Service<M: Mounts> {
     /// The CSI endpoint, as the kubelet is told at registration.
     pub endpoint: PathBuf,
     pub volumes: Arc<Volumes<M>>,
+    pub metrics: Arc<NodeMetrics>,
 }
 
 impl<M: Mounts> Handler for Service<M> {
@@ -49,6 +51,7 @@ impl<M: Mounts> Handler for Service<M> {
                 } else {
                     error!(driver = %self.driver, "the kubelet refused the registration: {}", status.error);
                 }
+                self.metrics.registration(status.plugin_registered, &status.error);
             }
             "/csi.v1.Identity/GetPluginInfo" => {
                 out.string(1, &self.driver).string(2, env!("CARGO_PKG_VERSION"));
@@ -65,21 +68,42 @@ impl<M: Mounts> Handler for Service<M> {
                 out.string(1, &self.node_name);
             }
             "/csi.v1.Node/NodePublishVolume" => {
-                let req = NodePublishVolumeRequest::decode(&message).map_err(decode)?;
-                let publish = Publish::check(&req, self.volumes.kubelet_dir(), &self.driver)
-                    .map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
-                let wait = timeout.map_or(PUBLISH_WAIT, |t| t.saturating_sub(ANSWER_MARGIN).min(PUBLISH_WAIT));
-                self.volumes.publish(publish, wait).await?;
+                let started = Instant::now();
+                let result = self.publish(&message, timeout).await;
+                self.metrics.published(result.as_ref().err().map(|e| e.code), started.elapsed());
+                result?;
             }
             "/csi.v1.Node/NodeUnpublishVolume" => {
-                let req = NodeUnpublishVolumeRequest::decode(&message).map_err(decode)?;
-                if req.volume_id.is_empty() || req.target_path.is_empty() {
-                    return Err(Status::new(Code::InvalidArgument, "volume_id and target_path are required"));
-                }
-                self.volumes.unpublish(&req.volume_id, req.target_path.as_ref()).await?;
+                let result = self.unpublish(&message).await;
+                self.metrics.unpublished(result.as_ref().err().map(|e| e.code));
+                result?;
             }
             _ => return Err(Status::new(Code::Unimplemented, format!("drafs does not implement {method}"))),
         }
         Ok(out.finish())
+    }
+}
+
+impl<M: Mounts> Service<M> {
+    async fn publish(&self, message: &[u8], timeout: Option<Duration>) -> Result<(), Status> {
+        let req = NodePublishVolumeRequest::decode(message)
+            .map_err(|e| Status::new(Code::InvalidArgument, format!("malformed NodePublishVolume request: {e}")))?;
+        let publish = Publish::check(&req, self.volumes.kubelet_dir(), &self.driver).map_err(|e| {
+            let pod = |key: &str| req.volume_context.get(key).map_or("?", String::as_str);
+            let pod = format!("{}/{}", pod("csi.storage.k8s.io/pod.namespace"), pod("csi.storage.k8s.io/pod.name"));
+            warn!(%pod, volume = %req.volume_id, "publish refused: {e}");
+            Status::new(Code::InvalidArgument, e.to_string())
+        })?;
+        let wait = timeout.map_or(PUBLISH_WAIT, |t| t.saturating_sub(ANSWER_MARGIN).min(PUBLISH_WAIT));
+        self.volumes.publish(publish, wait).await
+    }
+
+    async fn unpublish(&self, message: &[u8]) -> Result<(), Status> {
+        let req = NodeUnpublishVolumeRequest::decode(message)
+            .map_err(|e| Status::new(Code::InvalidArgument, format!("malformed NodeUnpublishVolume request: {e}")))?;
+        if req.volume_id.is_empty() || req.target_path.is_empty() {
+            return Err(Status::new(Code::InvalidArgument, "volume_id and target_path are required"));
+        }
+        self.volumes.unpublish(&req.volume_id, req.target_path.as_ref()).await
     }
 }

@@ -32,6 +32,7 @@ pub enum Code {
     DeadlineExceeded = 4,
     NotFound = 5,
     AlreadyExists = 6,
+    ResourceExhausted = 8,
     FailedPrecondition = 9,
     Unimplemented = 12,
     Internal = 13,

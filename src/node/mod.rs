@@ -6,14 +6,18 @@
 //!
 //! Owns: the wire format (`proto`, pure), unary gRPC on a Unix socket
 //! (`grpc`, with `authority`: the fix for the kubelet's registration client), the kubelet's services (`csi`), a publish request checked
-//! (`request`, pure), the mounts (`mounts`, behind a trait) and the published
-//! volumes with their runs (`volumes`).
+//! (`request`, pure), the mounts (`mounts`, behind a trait), the published
+//! volumes with their runs (`volumes`, reading as each pod through
+//! `credential`), and the agent's sockets and health (`agent`, `metrics`).
 //!
 //! May use: `engine` (one run per volume), `publish` and `model`.
 
+pub mod agent;
 pub mod authority;
+pub mod credential;
 pub mod csi;
 pub mod grpc;
+pub mod metrics;
 pub mod mounts;
 pub mod proto;
 pub mod request;

@@ -7,13 +7,11 @@
 use std::io;
 use std::path::Path;
 
+use crate::publish::files::Room;
+
 /// The mount source of every tmpfs drafs makes: how a restarted agent (and
 /// an unpublish) knows a mount at a target is its own.
 pub const SOURCE: &str = "drafs-node";
-
-/// The largest tree a volume holds (a tmpfs counts only what is written; two
-/// trees coexist during a swap).
-pub const SIZE: &str = "16m";
 
 /// What is at a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +24,8 @@ pub enum AtTarget {
 }
 
 pub trait Mounts: Send + Sync + 'static {
-    /// Mount a fresh tmpfs at `target` (a directory).
-    fn mount_tmpfs(&self, target: &Path) -> io::Result<()>;
+    /// Mount a fresh tmpfs at `target` (a directory), holding at most `size`.
+    fn mount_tmpfs(&self, target: &Path, size: Room) -> io::Result<()>;
     /// Detach the mount at `target`.
     fn unmount(&self, target: &Path) -> io::Result<()>;
     /// What is mounted at `target` (exactly there, not above it).
@@ -39,11 +37,11 @@ pub trait Mounts: Send + Sync + 'static {
 pub struct SystemMounts;
 
 impl Mounts for SystemMounts {
-    fn mount_tmpfs(&self, target: &Path) -> io::Result<()> {
+    fn mount_tmpfs(&self, target: &Path, size: Room) -> io::Result<()> {
         let c = |s: &str| std::ffi::CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         let target = c(&target.to_string_lossy())?;
         let (source, fstype) = (c(SOURCE)?, c("tmpfs")?);
-        let data = c(&format!("size={SIZE},mode=0755"))?;
+        let data = c(&format!("size={},nr_inodes={},mode=0755", size.bytes, size.inodes))?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         // SAFETY: every pointer is a NUL-terminated string that outlives the call.
         let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };

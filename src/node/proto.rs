@@ -216,7 +216,7 @@ impl Writer {
 }
 
 /// `csi.v1.NodePublishVolumeRequest`, the fields drafs reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct NodePublishVolumeRequest {
     pub volume_id: String,
     pub target_path: String,
@@ -224,6 +224,22 @@ pub struct NodePublishVolumeRequest {
     /// Whether `volume_capability` asked for a block device (drafs serves a filesystem only).
     pub block: bool,
     pub volume_context: BTreeMap<String, String>,
+    /// Where the kubelet puts the pod's tokens when the CSIDriver asks for
+    /// them there (`serviceAccountTokenInSecrets`, KEP-5538). Never printed.
+    pub secrets: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for NodePublishVolumeRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodePublishVolumeRequest")
+            .field("volume_id", &self.volume_id)
+            .field("target_path", &self.target_path)
+            .field("readonly", &self.readonly)
+            .field("block", &self.block)
+            .field("volume_context", &self.volume_context.keys().collect::<Vec<_>>())
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl NodePublishVolumeRequest {
@@ -242,6 +258,7 @@ impl NodePublishVolumeRequest {
                     }
                 }
                 (6, v) => req.readonly = boolean(6, v)?,
+                (7, v) => map_entry(7, v, &mut req.secrets)?,
                 (8, v) => map_entry(8, v, &mut req.volume_context)?,
                 _ => {}
             }

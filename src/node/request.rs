@@ -110,7 +110,9 @@ impl Publish {
             }
         }
         let target = check_target(&req.target_path, kubelet_dir, &pod_uid)?;
-        let token = api_token(ctx.get(TOKENS).map(String::as_str), driver)?;
+        // In the request's secrets when the CSIDriver asks for that (KEP-5538), else in its context.
+        let tokens = req.secrets.get(TOKENS).or_else(|| ctx.get(TOKENS));
+        let token = api_token(tokens.map(String::as_str), driver)?;
         let (selection, require) = options(ctx)?;
         Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require })
     }
@@ -218,6 +220,7 @@ mod tests {
             readonly: true,
             block: false,
             volume_context: ctx.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            secrets: Default::default(),
         }
     }
 
@@ -233,6 +236,17 @@ mod tests {
         assert_eq!(p.target, Path::new(TARGET));
         assert!(p.selection.claims.is_empty() && p.require.is_empty());
         assert!(!format!("{p:?}").contains("eyJ"), "the token stays out of logs");
+    }
+
+    /// With `serviceAccountTokenInSecrets: true` (KEP-5538) the kubelet sends
+    /// the tokens in the request's secrets, not its context.
+    #[test]
+    fn the_token_is_read_from_the_secrets_when_the_kubelet_puts_it_there() {
+        let mut req = request();
+        let tokens = req.volume_context.remove(TOKENS).unwrap();
+        req.secrets.insert(TOKENS.into(), tokens);
+        assert_eq!(check(&req).unwrap().token, "eyJ.a.b");
+        assert!(!format!("{req:?}").contains("eyJ"), "the request's secrets stay out of logs");
     }
 
     #[test]

@@ -5,30 +5,37 @@
 //! A publish answers once the tree is written (the kubelet starts no container
 //! before), or after [`PUBLISH_WAIT`] with what is still missing (the kubelet
 //! shows it in the pod's events and calls again). Publishing is idempotent: a
-//! second call for a volume finds its run; a refreshed token restarts the run
-//! on the same tree; a run that failed is started again; a tmpfs of drafs's
-//! already at the target (the agent restarted) is taken over as it is, so the
-//! tree stays readable meanwhile.
+//! second call for a volume finds its run; a refreshed token is swapped into
+//! the run in place; a run that failed is started again on the same tree; a
+//! tmpfs of drafs's already at the target (the agent restarted) is taken over
+//! as it is, so the tree stays readable meanwhile.
+//!
+//! One tenant must not cost another its service: a pod gets one volume, the
+//! node serves at most [`Limits::max_pods`] pods, each tmpfs is as large as
+//! [`Limits::volume`] allows, and no lock is held across slow work for more
+//! than one volume (the node-wide table is held only to look a volume up).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::Client;
-use tokio::sync::{Mutex, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::engine::drive::Progress;
 use crate::engine::reconcile::Mode;
 use crate::engine::run::{Publishing, Run, Sharing, Source, TreeBackend};
 use crate::engine::shared::SharedSlices;
 use crate::engine::source::Polling;
+use crate::node::credential::{PodToken, client_as};
 use crate::node::grpc::{Code, Status};
+use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::{AtTarget, Mounts};
 use crate::node::request::{Publish, volume_dir_pod};
 use crate::publish::events::EventsMode;
+use crate::publish::files::{DirTurns, Room, WriteError};
 
 /// Longest a publish waits for the tree before it answers with what is
 /// missing (the kubelet calls again, backing off from 0.5 s to 2 min).
@@ -36,26 +43,15 @@ pub const PUBLISH_WAIT: Duration = Duration::from_secs(20);
 /// Longest an unpublish waits for the run to finish a write.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
-struct Volume {
-    publish: Publish,
-    progress: watch::Receiver<Progress>,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-    /// Asks the run to read its pod and claims again.
-    poke: watch::Sender<u64>,
-    poked: Instant,
-}
-
-impl Volume {
-    /// Stop the run (a write under way is finished) and wait for it.
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if tokio::time::timeout(STOP_WAIT, &mut self.task).await.is_err() {
-            self.task.abort();
-        }
-    }
+/// What the node serves at most, whatever its pods ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Pods served at once (one volume each); more are refused with
+    /// `ResourceExhausted` until one goes.
+    pub max_pods: usize,
+    /// Each volume's tmpfs: bytes and inodes (the tree, the next one during a
+    /// swap, and the superseded ones kept for readers).
+    pub volume: Room,
 }
 
 /// When a volume's run asks for its pod and claims.
@@ -68,77 +64,232 @@ pub struct Timing {
     pub refresh: Duration,
 }
 
+/// A volume's run.
+struct VolumeRun {
+    progress: watch::Receiver<Progress>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    token: PodToken,
+    /// Asks the run to read its pod and claims again.
+    poke: watch::Sender<u64>,
+    poked: Instant,
+}
+
+impl VolumeRun {
+    fn is_serving(&self) -> bool {
+        !self.task.is_finished() && !matches!(*self.progress.borrow(), Progress::Failed(_))
+    }
+
+    /// Stop the run (a write under way is finished) and wait for it, at most
+    /// [`STOP_WAIT`]: a write still running then ends on its own, holding
+    /// the tree's turn so that the next run's first write waits for it.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if tokio::time::timeout(STOP_WAIT, &mut self.task).await.is_err() {
+            self.task.abort();
+        }
+    }
+}
+
+/// One published volume: fixed at its first publish, its state behind a lock
+/// of its own.
+struct Slot {
+    volume_id: String,
+    target: PathBuf,
+    pod_uid: String,
+    pod: String,
+    state: tokio::sync::Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// The tree's lock, held from the mount until the unpublish and lent to each run.
+    turns: Option<Arc<DirTurns>>,
+    run: Option<VolumeRun>,
+    /// Unpublished: a publish that waited for this slot must look again.
+    gone: bool,
+}
+
+impl Slot {
+    /// The name of the pod's volume (`.../kubernetes.io~csi/<name>/mount`).
+    fn volume_name(&self) -> String {
+        self.target.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
 /// Every published volume of this node, by volume id.
 pub struct Volumes<M: Mounts> {
     kubelet_dir: PathBuf,
-    /// The API server (address, CA), without credentials: each run adds its pod's token.
-    cluster: kube::Config,
+    /// The API server without credentials, shared by every run (each adds its pod's token).
+    shared: kube::Client,
     /// The node's slices, one watch for every volume (read as the agent).
     slices: Arc<SharedSlices>,
     timing: Timing,
+    limits: Limits,
     mounts: M,
-    published: Mutex<HashMap<String, Volume>>,
+    metrics: Arc<NodeMetrics>,
+    /// Held only to look up, add or remove a slot; never across a wait.
+    slots: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 impl<M: Mounts> Volumes<M> {
+    /// `shared` must carry no credentials: every request gets its pod's token.
     pub fn new(
         kubelet_dir: PathBuf,
-        mut cluster: kube::Config,
+        shared: kube::Client,
         slices: Arc<SharedSlices>,
         timing: Timing,
+        limits: Limits,
         mounts: M,
+        metrics: Arc<NodeMetrics>,
     ) -> Arc<Self> {
-        cluster.auth_info = kube::config::AuthInfo::default();
-        Arc::new(Volumes { kubelet_dir, cluster, slices, timing, mounts, published: Mutex::new(HashMap::new()) })
+        Arc::new(Volumes {
+            kubelet_dir,
+            shared,
+            slices,
+            timing,
+            limits,
+            mounts,
+            metrics,
+            slots: std::sync::Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn kubelet_dir(&self) -> &Path {
         &self.kubelet_dir
     }
 
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Publish `p`, waiting at most `wait` for its tree.
     pub async fn publish(&self, p: Publish, wait: Duration) -> Result<(), Status> {
-        let progress = {
-            let mut published = self.published.lock().await;
-            let old = published.remove(&p.volume_id);
-            let keep = old.as_ref().is_some_and(|v| {
-                v.publish.token == p.token
-                    && !v.task.is_finished()
-                    && !matches!(*v.progress.borrow(), Progress::Failed(_))
-            });
-            let volume = match old {
-                Some(v) if v.publish.target != p.target => {
-                    let target = v.publish.target.display().to_string();
-                    published.insert(p.volume_id.clone(), v);
-                    return Err(Status::new(Code::AlreadyExists, format!("volume published already at {target}")));
+        let span = info_span!("volume", pod = %format!("{}/{}", p.pod.namespace, p.pod.name), volume = %p.volume_id);
+        async {
+            let progress = loop {
+                let slot = self.slot_for(&p)?;
+                let mut state = slot.state.lock().await;
+                if state.gone {
+                    // Unpublished while this call waited: look the volume up again.
+                    continue;
                 }
-                Some(mut v) if keep => {
-                    // A republish: the pod and its claims are asked again once per refresh.
-                    if v.poked.elapsed() >= self.timing.refresh {
-                        v.poke.send_modify(|n| *n += 1);
-                        v.poked = Instant::now();
+                match self.serve(&slot, &mut state, &p) {
+                    Ok(progress) => break progress,
+                    Err(e) => {
+                        if state.turns.is_none() && state.run.is_none() {
+                            // Nothing was made for it: it holds no place.
+                            state.gone = true;
+                            self.forget(&slot);
+                        }
+                        return Err(e);
                     }
-                    v
-                }
-                old => {
-                    if let Some(old) = old {
-                        // A new token (or a failed run): the same tree, a new run.
-                        old.stop().await;
-                    } else {
-                        self.mount(&p.target)?;
-                    }
-                    self.start(p.clone())?
                 }
             };
-            let progress = volume.progress.clone();
-            published.insert(p.volume_id.clone(), volume);
-            progress
+            wait_published(progress, wait).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The slot of `p`'s volume: found, or added if the pod has no other
+    /// volume and the node serves fewer than [`Limits::max_pods`] pods.
+    fn slot_for(&self, p: &Publish) -> Result<Arc<Slot>, Status> {
+        let mut slots = self.slots();
+        if let Some(slot) = slots.get(&p.volume_id) {
+            if slot.target != p.target {
+                let target = slot.target.display();
+                return Err(Status::new(Code::AlreadyExists, format!("volume published already at {target}")));
+            }
+            return Ok(slot.clone());
+        }
+        if let Some(other) = slots.values().find(|s| s.pod_uid == p.pod_uid) {
+            return Err(Status::new(
+                Code::FailedPrecondition,
+                format!(
+                    "pod {} has a drafs volume already ({:?}): drafs serves one per pod; mount that one in each container that reads the tree",
+                    other.pod,
+                    other.volume_name()
+                ),
+            ));
+        }
+        if slots.len() >= self.limits.max_pods {
+            return Err(Status::new(
+                Code::ResourceExhausted,
+                format!(
+                    "drafs on this node serves {} pods already, its limit (drafs node --max-pods); the pod waits until another one goes",
+                    slots.len()
+                ),
+            ));
+        }
+        let slot = Arc::new(Slot {
+            volume_id: p.volume_id.clone(),
+            target: p.target.clone(),
+            pod_uid: p.pod_uid.clone(),
+            pod: format!("{}/{}", p.pod.namespace, p.pod.name),
+            state: Default::default(),
+        });
+        slots.insert(p.volume_id.clone(), slot.clone());
+        self.metrics.volumes(slots.len());
+        Ok(slot)
+    }
+
+    /// Take `slot` out of the table, if it is still the one there.
+    fn forget(&self, slot: &Arc<Slot>) {
+        let mut slots = self.slots();
+        if slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(&slot.volume_id);
+        }
+        self.metrics.volumes(slots.len());
+    }
+
+    /// Mount and lock the tree if not yet, and make sure a run serves it with
+    /// `p`'s token; the run's progress.
+    fn serve(&self, slot: &Slot, state: &mut SlotState, p: &Publish) -> Result<watch::Receiver<Progress>, Status> {
+        let turns = match &state.turns {
+            Some(turns) => turns.clone(),
+            None => {
+                self.mount(&p.target)?;
+                let turns = DirTurns::take(&p.target).map_err(|e| match e {
+                    WriteError::Busy { .. } => Status::new(
+                        Code::Unavailable,
+                        format!("{e}: another drafs agent on this node still serves the volume (one being replaced?)"),
+                    ),
+                    e => Status::new(Code::Internal, e.to_string()),
+                })?;
+                state.turns = Some(turns.clone());
+                turns
+            }
         };
-        wait_published(progress, wait).await
+        match &mut state.run {
+            Some(run) if run.is_serving() => {
+                let refreshed =
+                    run.token.replace(&p.token).map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
+                if refreshed {
+                    info!("a refreshed token: used from the next request on");
+                }
+                // A republish: the pod and its claims are asked again once per refresh.
+                if run.poked.elapsed() >= self.timing.refresh {
+                    run.poke.send_modify(|n| *n += 1);
+                    run.poked = Instant::now();
+                }
+                Ok(run.progress.clone())
+            }
+            _ => {
+                // None yet, or one that failed: a new run on the same tree.
+                let run = self.start(slot, p, turns)?;
+                let progress = run.progress.clone();
+                state.run = Some(run);
+                Ok(progress)
+            }
+        }
     }
 
     /// Unpublish the volume at `target`: stop its run, unmount drafs's tmpfs,
-    /// remove the directory. Done already is done.
+    /// remove the directory. Done already is done; a target that is not the
+    /// volume's is left alone.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
         if target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t)).is_none() {
             return Err(Status::new(
@@ -150,10 +301,43 @@ impl<M: Mounts> Volumes<M> {
                 ),
             ));
         }
-        let volume = self.published.lock().await.remove(volume_id);
-        if let Some(volume) = volume {
-            volume.stop().await;
+        let (slot, holder) = {
+            let slots = self.slots();
+            let holder = slots.values().find(|s| s.target == target && s.volume_id != volume_id).cloned();
+            (slots.get(volume_id).cloned(), holder)
+        };
+        if let Some(other) = holder.or_else(|| slot.clone().filter(|s| s.target != target)) {
+            return Err(Status::new(
+                Code::FailedPrecondition,
+                format!(
+                    "{} is not volume {volume_id}'s target (volume {} is published at {}); nothing was done",
+                    target.display(),
+                    other.volume_id,
+                    other.target.display()
+                ),
+            ));
         }
+        let span = info_span!("volume", pod = slot.as_ref().map_or("", |s| s.pod.as_str()), volume = %volume_id);
+        async {
+            if let Some(slot) = &slot {
+                let mut state = slot.state.lock().await;
+                if let Some(run) = state.run.take() {
+                    run.stop().await;
+                }
+                state.turns = None;
+                state.gone = true;
+                self.forget(slot);
+            }
+            self.remove_target(target)?;
+            info!(target = %target.display(), "unpublished");
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Unmount drafs's tmpfs at `target` and remove the directory.
+    fn remove_target(&self, target: &Path) -> Result<(), Status> {
         match self.mounts.at(target).map_err(|e| internal("read the mount table", target, e))? {
             AtTarget::Ours => self.mounts.unmount(target).map_err(|e| internal("unmount", target, e))?,
             AtTarget::Nothing => {}
@@ -165,24 +349,45 @@ impl<M: Mounts> Volumes<M> {
             }
         }
         match std::fs::remove_dir(target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             // Files under the mount point are not drafs's (it writes only in
             // its tmpfs): left as they are, and the pod not held up for them.
             Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
                 warn!(target = %target.display(), "left in place: files under the mount point that drafs did not write");
+                Ok(())
             }
-            Err(e) => return Err(internal("remove", target, e)),
+            Err(e) => Err(internal("remove", target, e)),
         }
-        info!(volume = volume_id, target = %target.display(), "unpublished");
-        Ok(())
     }
 
     /// Stop every run, leaving the trees mounted and readable (the agent stops
     /// or is upgraded; the next publish of each volume makes it live again).
     pub async fn stop_all(&self) {
-        let volumes: Vec<Volume> = self.published.lock().await.drain().map(|(_, v)| v).collect();
-        futures::future::join_all(volumes.into_iter().map(Volume::stop)).await;
+        let slots: Vec<Arc<Slot>> = self.slots().drain().map(|(_, s)| s).collect();
+        futures::future::join_all(slots.iter().map(|slot| async move {
+            let mut state = slot.state.lock().await;
+            state.gone = true;
+            if let Some(run) = state.run.take() {
+                run.stop().await;
+            }
+        }))
+        .await;
+    }
+
+    /// The volumes served, and how many of their runs have failed.
+    pub fn census(&self) -> (usize, usize) {
+        let slots: Vec<Arc<Slot>> = self.slots().values().cloned().collect();
+        let failing = slots
+            .iter()
+            .filter(|s| s.state.try_lock().is_ok_and(|state| state.run.as_ref().is_some_and(|r| !r.is_serving())))
+            .count();
+        (slots.len(), failing)
+    }
+
+    /// The targets of the volumes served (their tmpfs usage is a metric).
+    pub fn targets(&self) -> Vec<PathBuf> {
+        self.slots().values().map(|s| s.target.clone()).collect()
     }
 
     /// A tmpfs of drafs's at `target`: made, or found (the agent restarted).
@@ -195,17 +400,15 @@ impl<M: Mounts> Volumes<M> {
             )),
             AtTarget::Nothing => {
                 std::fs::create_dir_all(target).map_err(|e| internal("create", target, e))?;
-                self.mounts.mount_tmpfs(target).map_err(|e| internal("mount a tmpfs at", target, e))
+                self.mounts.mount_tmpfs(target, self.limits.volume).map_err(|e| internal("mount a tmpfs at", target, e))
             }
         }
     }
 
-    /// Start the run that keeps `p`'s tree current.
-    fn start(&self, p: Publish) -> Result<Volume, Status> {
-        let mut config = self.cluster.clone();
-        config.auth_info.token = Some(p.token.clone().into());
-        let client = Client::try_from(config)
-            .map_err(|e| Status::new(Code::Internal, format!("cannot make an API client: {e}")))?;
+    /// Start the run that keeps `p`'s tree current, reading as the pod.
+    fn start(&self, slot: &Slot, p: &Publish, turns: Arc<DirTurns>) -> Result<VolumeRun, Status> {
+        let token = PodToken::new(&p.token).map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
+        let client = client_as(&self.shared, token.clone(), &p.pod.namespace);
         let (tx, progress) = watch::channel(Progress::Starting);
         let (stop, stopped) = oneshot::channel();
         let (poke, poked) = watch::channel(0);
@@ -219,38 +422,42 @@ impl<M: Mounts> Volumes<M> {
             require: p.require.clone(),
             metrics_addr: None,
             events: EventsMode::Warnings,
+            turns: Some(turns),
         };
-        let source = Source::Connected { client, pod: p.pod.clone(), sharing };
-        let (selection, volume) = (p.selection.clone(), p.volume_id.clone());
-        let task = tokio::spawn(async move {
-            let started = Run::publishing(&source, Mode::Follow, selection, Duration::ZERO, &publishing).await;
-            let mut run = match started {
-                Ok(run) => run,
-                Err(e) => {
-                    warn!(%volume, "cannot start: {e}");
-                    tx.send_replace(Progress::Failed(e.to_string()));
-                    return;
-                }
-            };
-            run.report_to(tx.clone());
-            tokio::pin!(stopped);
-            let ended = tokio::select! {
-                result = run.drive() => result,
-                _ = &mut stopped => {
-                    run.stop().await;
-                    return;
-                }
-            };
-            let message = match ended {
-                Ok(_) => "the run ended".to_string(),
-                Err(e) => e.to_string(),
-            };
-            warn!(%volume, "stopped serving: {message}");
-            tx.send_replace(Progress::Failed(message));
-            run.finish().await;
-        });
-        info!(volume = %p.volume_id, pod = %format!("{}/{}", p.pod.namespace, p.pod.name), target = %p.target.display(), "publishing");
-        Ok(Volume { publish: p, progress, stop: Some(stop), task, poke, poked: Instant::now() })
+        let source = Source::Connected { client, pod: p.pod.clone(), uid: Some(slot.pod_uid.clone()), sharing };
+        let selection = p.selection.clone();
+        let task = tokio::spawn(
+            async move {
+                let started = Run::publishing(&source, Mode::Follow, selection, Duration::ZERO, &publishing).await;
+                let mut run = match started {
+                    Ok(run) => run,
+                    Err(e) => {
+                        warn!("cannot start: {e}");
+                        tx.send_replace(Progress::Failed(e.to_string()));
+                        return;
+                    }
+                };
+                run.report_to(tx.clone());
+                tokio::pin!(stopped);
+                let ended = tokio::select! {
+                    result = run.drive() => result,
+                    _ = &mut stopped => {
+                        run.stop().await;
+                        return;
+                    }
+                };
+                let message = match ended {
+                    Ok(_) => "the run ended".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                warn!("stopped serving: {message}");
+                tx.send_replace(Progress::Failed(message));
+                run.finish().await;
+            }
+            .in_current_span(),
+        );
+        info!(target = %p.target.display(), "publishing");
+        Ok(VolumeRun { progress, stop: Some(stop), task, token, poke, poked: Instant::now() })
     }
 }
 

@@ -3,17 +3,25 @@
 //! The layout is the kubelet's for downward API and ConfigMap volumes: the payload
 //! goes into a fresh hidden directory `..<stamp>`, the `..data` symlink is swapped
 //! to it with one `rename`, and every top-level entry is a symlink through `..data`.
-//! A reader therefore sees the old tree or the new one, never a mix. Payloads
-//! left by earlier writes (or an earlier, killed process) are removed, but only
-//! those drafs can prove are its own (its name pattern and a marker file inside):
-//! anything else in the directory is never deleted or written through.
+//! A reader therefore sees the old tree or the new one, never a mix.
+//!
+//! Unlike the kubelet's writer, drafs does not remove a superseded payload at
+//! the swap: a reader inside it (a working directory, an open directory, a
+//! walk of the tree that began before the swap) goes on reading the old,
+//! complete tree. A superseded payload is removed once it has been superseded
+//! for [`Retention::keep_for`], or earlier when more than
+//! [`Retention::at_most`] are kept, or when the room it takes is needed for a
+//! new tree. Payloads are removed only when drafs can prove they are its own
+//! (its name pattern and a marker file inside): anything else in the
+//! directory is never deleted or written through.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::model::tree::Tree;
 
@@ -21,6 +29,26 @@ pub const DATA_LINK: &str = "..data";
 /// Every payload directory drafs writes holds this file: drafs removes only
 /// `..` directories that have it and drafs's name pattern, nothing else.
 const PAYLOAD_MARKER: &str = "..drafs-payload";
+
+/// How long superseded payloads stay readable, and how many at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// A reader that entered a payload before a swap has this long to finish
+    /// in it (a walk of the tree takes milliseconds; a shell loop that runs
+    /// `cat` per file, a second or two).
+    pub keep_for: Duration,
+    /// Superseded payloads kept at once (the newest): the room a volume needs
+    /// is at most this many trees more than the current one and the next.
+    pub at_most: usize,
+}
+
+/// The retention of every tree drafs keeps current (docs/tree.md).
+pub const RETENTION: Retention = Retention { keep_for: Duration::from_secs(30), at_most: 2 };
+
+impl Retention {
+    /// Nothing kept: for a writer nobody reads while it writes (`init`).
+    pub const NONE: Retention = Retention { keep_for: Duration::ZERO, at_most: 0 };
+}
 
 /// A filesystem operation that failed, with the path it failed on.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +63,70 @@ pub enum WriteError {
         "another drafs is writing to {path} (a second init or serve given the same --dir or --metadata-dir?); refusing to write beside it"
     )]
     Busy { path: PathBuf },
+    #[error(
+        "no room for the tree in {path}: it takes {need}, and {free} of {total} are free beside the tree served now (too few {}); nothing was changed",
+        free.short_of(*need)
+    )]
+    NoRoom { path: PathBuf, need: Room, free: Room, total: Room },
+}
+
+/// Room on a filesystem, or what a tree takes of it: bytes in whole blocks, and inodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Room {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+impl Room {
+    pub fn holds(&self, need: Room) -> bool {
+        self.bytes >= need.bytes && self.inodes >= need.inodes
+    }
+
+    /// What this room lacks to hold `need`.
+    fn short_of(&self, need: Room) -> &'static str {
+        match (self.bytes < need.bytes, self.inodes < need.inodes) {
+            (true, true) => "bytes and inodes",
+            (true, false) => "bytes",
+            _ => "inodes",
+        }
+    }
+
+    /// What `tree` takes on a filesystem of `block`-byte blocks: each file's
+    /// content in whole blocks, and an inode per file, directory and link.
+    pub fn of_tree(tree: &Tree, block: u64) -> Room {
+        let block = block.max(1);
+        let bytes = tree.files().map(|(_, c)| (c.len() as u64).div_ceil(block) * block).sum();
+        // Files, directories (the payload's root among them), the marker, the
+        // top-level links and the swap link.
+        let inodes = tree.len() + tree.dirs().len() + 1 + tree.top_level().len() + 1;
+        Room { bytes, inodes: inodes as u64 }
+    }
+}
+
+impl std::fmt::Display for Room {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} KiB and {} inodes", self.bytes.div_ceil(1024), self.inodes)
+    }
+}
+
+/// The free and total room of the filesystem holding `dir`; None when it
+/// reports no limit (it has no fixed size).
+fn room_at(dir: &Path) -> io::Result<Option<(Room, Room, u64)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path =
+        std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: statvfs fills the struct it is given; the path is NUL-terminated and outlives the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if st.f_blocks == 0 {
+        return Ok(None);
+    }
+    let block = st.f_frsize as u64;
+    let free = Room { bytes: st.f_bavail as u64 * block, inodes: st.f_favail as u64 };
+    let total = Room { bytes: st.f_blocks as u64 * block, inodes: st.f_files as u64 };
+    Ok(Some((free, total, block)))
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
@@ -47,11 +139,16 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Wri
 /// [`AtomicDir::open`]) until it is dropped: two writers would each remove the
 /// other's payload mid-write, so a second one is refused. The lock goes away
 /// with the process, so a restarted drafs (or `serve` after `init`) takes over.
+/// Runs that take turns on one directory in one process (the node agent's, for
+/// a volume) share one [`DirTurns`] instead.
 #[derive(Debug)]
 pub struct AtomicDir {
     dir: PathBuf,
     last: Option<Tree>,
-    lock: Option<DirLock>,
+    lock: Option<Arc<DirTurns>>,
+    retention: Retention,
+    /// Superseded payloads still kept, oldest first, with when they were superseded.
+    superseded: VecDeque<(String, Instant)>,
 }
 
 /// An exclusive `flock` on a directory drafs writes, held while the value
@@ -81,9 +178,26 @@ impl DirLock {
     }
 }
 
+/// A directory's lock, held by its owner (the node agent's volume) for as long
+/// as it lives, and lent to each run that writes there in turn: a run that
+/// replaces one whose last write is still under way waits for that write
+/// instead of being refused as "another drafs", and their writes never
+/// interleave.
+#[derive(Debug)]
+pub struct DirTurns {
+    _lock: DirLock,
+    turn: Mutex<()>,
+}
+
+impl DirTurns {
+    pub fn take(dir: &Path) -> Result<Arc<DirTurns>, WriteError> {
+        Ok(Arc::new(DirTurns { _lock: DirLock::take(dir)?, turn: Mutex::new(()) }))
+    }
+}
+
 impl AtomicDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        AtomicDir { dir: dir.into(), last: None, lock: None }
+        AtomicDir { dir: dir.into(), last: None, lock: None, retention: RETENTION, superseded: VecDeque::new() }
     }
 
     /// Take the directory for this writer now if it exists (a second writer is
@@ -98,9 +212,20 @@ impl AtomicDir {
         Ok(out)
     }
 
+    /// Write into a directory whose lock the caller holds and lends to each
+    /// of its writers in turn.
+    pub fn taking_turns(dir: impl Into<PathBuf>, turns: Arc<DirTurns>) -> Self {
+        AtomicDir { lock: Some(turns), ..Self::new(dir) }
+    }
+
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
     fn lock(&mut self) -> Result<(), WriteError> {
         if self.lock.is_none() {
-            self.lock = Some(DirLock::take(&self.dir)?);
+            self.lock = Some(Arc::new(DirTurns { _lock: DirLock::take(&self.dir)?, turn: Mutex::new(()) }));
         }
         Ok(())
     }
@@ -115,8 +240,13 @@ impl AtomicDir {
             return Ok(false);
         }
         self.lock()?;
+        let turns = self.lock.clone().expect("locked above");
+        let _turn = turns.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
         let top = tree.top_level();
         self.check_top_level(&top)?;
+        self.adopt_unknown_payloads(now)?;
+        self.make_room(tree)?;
 
         let payload_name = self.new_payload_dir()?;
         let payload = self.dir.join(&payload_name);
@@ -144,6 +274,7 @@ impl AtomicDir {
         // Then swap ..data to the new payload in one rename, through a link of a
         // fresh name (a leftover or foreign entry of any name is never reused).
         let data = self.dir.join(DATA_LINK);
+        let before = current_payload(&self.dir);
         let swapped = prelink().and_then(|()| self.fresh_link(&payload_name)).and_then(|tmp| {
             fs::rename(&tmp, &data).map_err(|e| {
                 let _ = fs::remove_file(&tmp);
@@ -157,20 +288,18 @@ impl AtomicDir {
             let _ = remove_tree(&payload);
             return Err(e);
         }
+        if let Some(before) = before.filter(|b| *b != payload_name) {
+            self.superseded.retain(|(name, _)| *name != before);
+            self.superseded.push_back((before, now));
+        }
 
-        // Drop the names whose target is gone.
+        // Drop the names whose target is gone, and swap links a killed writer left.
         for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
             let entry = entry.map_err(io_err("read directory", &self.dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
-            if name == DATA_LINK || name == payload_name {
-                continue;
-            }
             if name.starts_with("..") {
-                // Only an earlier payload of drafs's own; anything else is left alone.
-                if is_our_payload(&path, &name) {
-                    remove_tree(&path)?;
-                } else if is_our_swap_link(&path, &name) {
+                if is_our_swap_link(&path, &name) {
                     let _ = fs::remove_file(&path);
                 }
             } else if !top.contains(&name) && is_our_link(&path, &name) {
@@ -178,7 +307,70 @@ impl AtomicDir {
             }
         }
         self.last = Some(tree.clone());
+        self.tidy(now)?;
         Ok(true)
+    }
+
+    /// Remove the superseded payloads whose time is up (or beyond the number
+    /// kept); when the next one is due, if any is kept.
+    pub fn tidy(&mut self, now: Instant) -> Result<Option<Instant>, WriteError> {
+        let keep_for = self.retention.keep_for;
+        while let Some((name, at)) = self.superseded.front() {
+            let expired = now.saturating_duration_since(*at) >= keep_for;
+            if !expired && self.superseded.len() <= self.retention.at_most {
+                break;
+            }
+            let path = self.dir.join(name);
+            if is_our_payload(&path, name) {
+                remove_tree(&path)?;
+            }
+            self.superseded.pop_front();
+        }
+        Ok(self.next_tidy())
+    }
+
+    /// When [`AtomicDir::tidy`] has something to remove next.
+    pub fn next_tidy(&self) -> Option<Instant> {
+        self.superseded.front().map(|(_, at)| *at + self.retention.keep_for)
+    }
+
+    /// Payloads of drafs's that this writer did not supersede itself (an
+    /// earlier run's or process's, a write that failed half-way): kept as if
+    /// superseded now, since a reader may still be inside them.
+    fn adopt_unknown_payloads(&mut self, now: Instant) -> Result<(), WriteError> {
+        let current = current_payload(&self.dir);
+        for entry in fs::read_dir(&self.dir).map_err(io_err("read directory", &self.dir))? {
+            let entry = entry.map_err(io_err("read directory", &self.dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if current.as_deref() == Some(name.as_str()) || self.superseded.iter().any(|(n, _)| *n == name) {
+                continue;
+            }
+            if is_our_payload(&entry.path(), &name) {
+                self.superseded.push_back((name, now));
+            }
+        }
+        Ok(())
+    }
+
+    /// Make room for `tree` beside the current one, removing the superseded
+    /// payloads (oldest first) as needed; an error, with nothing changed,
+    /// when even that is not enough.
+    fn make_room(&mut self, tree: &Tree) -> Result<(), WriteError> {
+        let room = || room_at(&self.dir).map_err(io_err("measure the free room of", &self.dir));
+        loop {
+            let Some((free, total, block)) = room()? else { return Ok(()) };
+            let need = Room::of_tree(tree, block);
+            if free.holds(need) {
+                return Ok(());
+            }
+            let Some((name, _)) = self.superseded.pop_front() else {
+                return Err(WriteError::NoRoom { path: self.dir.clone(), need, free, total });
+            };
+            let path = self.dir.join(&name);
+            if is_our_payload(&path, &name) {
+                remove_tree(&path)?;
+            }
+        }
     }
 
     /// Take `.ready` away (after a failed write: the tree there is stale), if it
@@ -235,6 +427,13 @@ impl AtomicDir {
         }
         unreachable!("the loop returns")
     }
+}
+
+/// The payload `..data` points at, if it is a name drafs could have made.
+fn current_payload(dir: &Path) -> Option<String> {
+    let target = fs::read_link(dir.join(DATA_LINK)).ok()?;
+    let name = target.to_str()?;
+    (name.starts_with("..") && !name.contains('/')).then(|| name.to_string())
 }
 
 /// `<nanos>.<pid>.<attempt>`: the stamp drafs puts in the names it creates.
@@ -338,14 +537,63 @@ mod tests {
         assert!(w.write(&tree(&[("gpu/gpu/0/uuid", "B")])).unwrap());
         assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/uuid")).unwrap(), "B");
         assert!(fs::symlink_metadata(dir.join(".ready")).is_err(), ".ready link removed");
-        assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed");
+        assert_eq!(payload_dirs(&dir).len(), 2, "the old payload is kept for readers still inside it");
+        let due = w.next_tidy().expect("a removal is due");
+        assert_eq!(w.tidy(due - Duration::from_millis(1)).unwrap(), Some(due), "not before its time");
+        assert_eq!(payload_dirs(&dir).len(), 2);
+        assert_eq!(w.tidy(due).unwrap(), None);
+        assert_eq!(payload_dirs(&dir).len(), 1, "old payload removed once its time is up");
 
-        // A new writer (a restarted process) takes over and removes the old payload.
+        // A new writer (a restarted process) takes over, keeps the old payload
+        // for its readers for as long, then removes it.
         drop(w);
         let mut again = AtomicDir::new(&dir);
         assert!(again.write(&tree(&[("nic/rdma/0/mtu", "9000")])).unwrap());
         assert!(fs::symlink_metadata(dir.join("gpu")).is_err());
+        assert_eq!(payload_dirs(&dir).len(), 2);
+        again.tidy(Instant::now() + RETENTION.keep_for).unwrap();
         assert_eq!(payload_dirs(&dir).len(), 1);
+    }
+
+    /// A reader that entered the tree before a swap (its working directory,
+    /// a walk, an open directory) reads the old tree whole, not a vanished one.
+    #[test]
+    fn a_reader_inside_the_tree_keeps_reading_it_across_swaps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut w = AtomicDir::new(&dir);
+        w.write(&tree(&[("gpu/gpu/0/uuid", "A"), ("gpu/gpu/0/productName", "H200")])).unwrap();
+        // Where `cd /dra/gpu/gpu/0` lands: inside the payload, through ..data.
+        let inside = fs::canonicalize(dir.join("gpu/gpu/0")).unwrap();
+        let open_dir = fs::File::open(&inside).unwrap();
+        w.write(&tree(&[("gpu/gpu/0/uuid", "A"), ("gpu/gpu/0/productName", "H200"), ("gpu/gpu/0/.health", "ok")]))
+            .unwrap();
+        assert_eq!(fs::read_to_string(inside.join("uuid")).unwrap(), "A");
+        assert_eq!(fs::read_to_string(inside.join("productName")).unwrap(), "H200");
+        let listed: Vec<_> = fs::read_dir(&inside).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(listed.len(), 2, "the old tree, whole: {listed:?}");
+        drop(open_dir);
+        assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/.health")).unwrap(), "ok", "new readers see the new tree");
+    }
+
+    /// Superseded payloads are bounded in number whatever the churn: the newest are kept.
+    #[test]
+    fn superseded_payloads_are_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut w = AtomicDir::new(&dir);
+        let mut insides = Vec::new();
+        for i in 0..10 {
+            w.write(&tree(&[("gpu/gpu/0/uuid", &format!("v{i}"))])).unwrap();
+            insides.push(fs::canonicalize(dir.join("gpu/gpu/0")).unwrap());
+            assert!(payload_dirs(&dir).len() <= RETENTION.at_most + 1, "after write {i}: {:?}", payload_dirs(&dir));
+        }
+        assert_eq!(payload_dirs(&dir).len(), RETENTION.at_most + 1);
+        // The newest superseded ones are those kept.
+        for (i, inside) in insides.iter().enumerate().rev().take(RETENTION.at_most + 1) {
+            assert_eq!(fs::read_to_string(inside.join("uuid")).unwrap(), format!("v{i}"));
+        }
+        assert!(!insides[0].exists());
     }
 
     #[test]

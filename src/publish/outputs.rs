@@ -60,6 +60,22 @@ impl Publisher {
         Ok(Publisher { tree, metadata })
     }
 
+    /// Remove the superseded payloads of the tree whose time is up.
+    pub fn tidy(&mut self) -> Result<(), PublishError> {
+        match &mut self.tree {
+            TreeOutput::Files(dir) => dir.tidy(std::time::Instant::now()).map(|_| ()).map_err(PublishError::Tree),
+            TreeOutput::Fuse(_) => Ok(()),
+        }
+    }
+
+    /// When [`Publisher::tidy`] has something to do.
+    pub fn next_tidy(&self) -> Option<std::time::Instant> {
+        match &self.tree {
+            TreeOutput::Files(dir) => dir.next_tidy(),
+            TreeOutput::Fuse(_) => None,
+        }
+    }
+
     /// Write every output; one that fails does not keep the others from being written.
     pub fn publish(&mut self, res: &Resolution, built: &BuiltTree) -> Result<(), PublishError> {
         let mut failed = None;
@@ -96,8 +112,8 @@ struct Report {
     uid: Option<String>,
 }
 
-/// What a write off the runtime thread gives back.
-pub type Written = (Publisher, Publication, Result<(), PublishError>);
+/// What a write off the runtime thread gives back (no publication: it tidied).
+pub type Written = (Publisher, Option<Publication>, Result<(), PublishError>);
 
 /// Writes trees off the runtime thread (a slow disk must not stall watches or
 /// `/readyz`), one at a time: a publication that comes while a write runs
@@ -124,6 +140,8 @@ pub struct Outputs {
     files: usize,
     retry: RetryBackoff,
     retry_at: Option<Instant>,
+    /// When superseded payloads are due for removal.
+    tidy_at: Option<Instant>,
 }
 
 impl Outputs {
@@ -141,6 +159,7 @@ impl Outputs {
             files: 0,
             retry: RetryBackoff::default(),
             retry_at: None,
+            tidy_at: None,
         }
     }
 
@@ -165,25 +184,38 @@ impl Outputs {
     /// Start writing the pending publication if nothing is being written and
     /// no retry is due later; report what waits for no tree.
     fn start_next(&mut self) {
-        if self.writing.is_some() || self.retry_at.is_some() {
+        if self.writing.is_some() {
             return;
         }
-        let Some(publication) = self.pending.take() else {
+        if self.retry_at.is_none() {
+            if let Some(publication) = self.pending.take() {
+                let dir = self.dir.clone();
+                let Some(mut publisher) = self.publisher.take() else {
+                    self.pending = Some(publication);
+                    return;
+                };
+                self.writing_reports = std::mem::take(&mut self.pending_reports);
+                self.writing = Some(tokio::task::spawn_blocking(move || {
+                    slow_write_for_tests(&dir);
+                    let result = publisher.publish(&publication.resolution, &publication.built);
+                    (publisher, Some(publication), result)
+                }));
+                return;
+            }
             for report in std::mem::take(&mut self.pending_reports) {
                 self.report(report, self.files);
             }
-            return;
-        };
-        let Some(mut publisher) = self.publisher.take() else {
-            self.pending = Some(publication);
-            return;
-        };
-        self.writing_reports = std::mem::take(&mut self.pending_reports);
-        self.writing = Some(tokio::task::spawn_blocking(move || {
-            slow_write_for_tests();
-            let result = publisher.publish(&publication.resolution, &publication.built);
-            (publisher, publication, result)
-        }));
+        }
+        // Superseded payloads whose time is up, even while a failed write waits for its retry.
+        if self.tidy_at.is_some_and(|at| at <= Instant::now())
+            && let Some(mut publisher) = self.publisher.take()
+        {
+            self.tidy_at = None;
+            self.writing = Some(tokio::task::spawn_blocking(move || {
+                let result = publisher.tidy();
+                (publisher, None, result)
+            }));
+        }
     }
 
     /// Until the write in progress is done (forever when none runs).
@@ -212,6 +244,15 @@ impl Outputs {
         self.retry_at
     }
 
+    /// When [`Outputs::timer_fired`] has something to do: a retry, or
+    /// superseded payloads to remove.
+    pub fn timer_at(&self) -> Option<Instant> {
+        match (self.retry_at, self.tidy_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Queue an Event on the pod (the run's outcome, say).
     pub fn record(&self, note: Note) {
         self.events.record(note);
@@ -237,7 +278,16 @@ impl Outputs {
         let Some((publisher, publication, result)) = written else {
             return Err(PublishError::WriterGone);
         };
+        self.tidy_at = publisher.next_tidy().map(Instant::from_std);
         self.publisher = Some(publisher);
+        let Some(publication) = publication else {
+            // A tidy: a payload that could not be removed is tried again at the next write.
+            if let Err(e) = result {
+                warn!("cannot remove a superseded tree: {e}");
+            }
+            self.start_next();
+            return Ok(());
+        };
         let built = &publication.built;
         let files = built.tree.len();
         match &result {
@@ -272,8 +322,11 @@ impl Outputs {
         result
     }
 
-    pub fn retry_failed(&mut self) {
-        self.retry_at = None;
+    /// The time of [`Outputs::timer_at`] came: retry a failed write, or tidy.
+    pub fn timer_fired(&mut self) {
+        if self.retry_at.is_some_and(|at| at <= Instant::now()) {
+            self.retry_at = None;
+        }
         self.start_next();
     }
 
@@ -318,15 +371,24 @@ impl Outputs {
     }
 }
 
-/// Debug builds only (the tests' binary): with `DRAFS_TEST_SLOW_WRITE=MS:PATH`
-/// every write creates PATH and then takes MS longer, so that a test can stop
+/// Debug builds only (the tests' binary): with
+/// `DRAFS_TEST_SLOW_WRITE=MS:PATH[:DIR]` every write (of a tree under DIR,
+/// when given) creates PATH and then takes MS longer, so that a test can stop
 /// drafs while a tree is being written.
-fn slow_write_for_tests() {
+fn slow_write_for_tests(dir: &Path) {
     #[cfg(debug_assertions)]
-    if let Some((ms, path)) = std::env::var("DRAFS_TEST_SLOW_WRITE").ok().as_deref().and_then(|v| v.split_once(':'))
+    if let Some((ms, rest)) = std::env::var("DRAFS_TEST_SLOW_WRITE").ok().as_deref().and_then(|v| v.split_once(':'))
         && let Ok(ms) = ms.parse::<u64>()
     {
-        let _ = std::fs::write(path, b"");
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+        let (path, only) = match rest.split_once(':') {
+            Some((path, only)) => (path, Some(Path::new(only))),
+            None => (rest, None),
+        };
+        if only.is_none_or(|only| dir.starts_with(only)) {
+            let _ = std::fs::write(path, b"");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
     }
+    #[cfg(not(debug_assertions))]
+    let _ = dir;
 }

@@ -97,6 +97,8 @@ pub struct RequestRecord {
     /// The decoded `fieldSelector` parameter ("" when absent).
     pub field_selector: String,
     pub status: u16,
+    /// The bearer token presented ("" without one).
+    pub token: String,
 }
 
 /// An injected failure: the next `count` requests matching verb/resource get `status`
@@ -625,6 +627,13 @@ fn selected(object: &Value, namespace: Option<&str>, selector: &Selector) -> boo
 
 async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Result<Response<Body>, std::io::Error> {
     let arrived = Instant::now();
+    let token = req
+        .headers()
+        .get("authorization")
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(String::from);
+    let bearer = token.clone().unwrap_or_default();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let params = query_params(&query);
@@ -632,6 +641,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         return Ok(record(
             &shared,
             arrived,
+            &bearer,
             "",
             "",
             &path,
@@ -649,6 +659,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
             return Ok(record(
                 &shared,
                 arrived,
+                &bearer,
                 "",
                 route.res.name(),
                 &path,
@@ -661,12 +672,6 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let token = req
-        .headers()
-        .get("authorization")
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .map(String::from);
     let response = {
         let mut s = shared.state.lock().unwrap();
         let user = token.and_then(|t| s.tokens.get(&t).cloned());
@@ -686,6 +691,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
                 query: query.clone(),
                 field_selector,
                 status,
+                token: bearer.clone(),
             });
             if status == 0 {
                 return Err(std::io::Error::other("injected connection drop"));
@@ -718,7 +724,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     };
     // An answer to this request that ends it early, recorded like any other.
     let resource = route.res.name();
-    let early = |response| Ok(record(&shared, arrived, verb, resource, &path, &query, response));
+    let early = |response| Ok(record(&shared, arrived, &bearer, verb, resource, &path, &query, response));
     if let Some(denied) = response {
         return early(denied);
     }
@@ -811,12 +817,14 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
         }
         _ => watch_response(shared.clone(), route, selector, &params),
     };
-    Ok(record(&shared, arrived, verb, "", &path, &query, response))
+    Ok(record(&shared, arrived, &bearer, verb, "", &path, &query, response))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn record(
     shared: &Shared,
     started: Instant,
+    token: &str,
     verb: &str,
     resource: &str,
     path: &str,
@@ -833,6 +841,7 @@ fn record(
         query: query.into(),
         field_selector: query_params(query).get("fieldSelector").cloned().unwrap_or_default(),
         status: response.status().as_u16(),
+        token: token.into(),
     });
     response
 }

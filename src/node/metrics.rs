@@ -1,0 +1,205 @@
+//! What the node agent counts, and how it says whether it is ready: the
+//! counters are atomics the CSI calls update; the rest (volumes, failing
+//! runs, the slice watch, tmpfs use, the sockets) is read when asked, as a
+//! [`Census`], so nothing is kept twice.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::node::grpc::Code;
+use crate::publish::prometheus::{Kind, Text};
+
+/// Upper bounds of the publish latency histogram, in seconds (a publish
+/// answers in milliseconds once the tree is written; 20 s is its longest wait).
+const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 20.0];
+
+/// The agent's counters.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    publishes: Mutex<BTreeMap<&'static str, u64>>,
+    unpublishes: Mutex<BTreeMap<&'static str, u64>>,
+    /// Cumulative counts per bucket, then the sum in microseconds and the count.
+    latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, u64)>,
+    volumes: AtomicU64,
+    registered: AtomicBool,
+    registration_error: Mutex<Option<String>>,
+}
+
+/// What the agent is serving now, read when the metrics or the readiness are asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Census {
+    pub max_pods: usize,
+    /// Volumes whose run has failed (the pod waits, or reads a tree no longer live).
+    pub failing_runs: usize,
+    /// Bytes used in the volumes' tmpfs mounts.
+    pub tmpfs_bytes: u64,
+    /// Each shared slice watch: its scope, listed at least once, failing now.
+    pub slice_watches: Vec<(String, bool, bool)>,
+    /// Why a socket is not the agent's (missing, or another agent's), if one is not.
+    pub sockets: Option<String>,
+}
+
+fn code_name(code: Option<Code>) -> &'static str {
+    match code {
+        None => "OK",
+        Some(Code::Ok) => "OK",
+        Some(Code::InvalidArgument) => "InvalidArgument",
+        Some(Code::DeadlineExceeded) => "DeadlineExceeded",
+        Some(Code::NotFound) => "NotFound",
+        Some(Code::AlreadyExists) => "AlreadyExists",
+        Some(Code::ResourceExhausted) => "ResourceExhausted",
+        Some(Code::FailedPrecondition) => "FailedPrecondition",
+        Some(Code::Unimplemented) => "Unimplemented",
+        Some(Code::Internal) => "Internal",
+        Some(Code::Unavailable) => "Unavailable",
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl NodeMetrics {
+    /// A publish answered with `code` (None: OK) after `took`.
+    pub fn published(&self, code: Option<Code>, took: Duration) {
+        *lock(&self.publishes).entry(code_name(code)).or_default() += 1;
+        let mut latency = lock(&self.latency);
+        let seconds = took.as_secs_f64();
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                latency.0[i] += 1;
+            }
+        }
+        latency.1 += took.as_micros() as u64;
+        latency.2 += 1;
+    }
+
+    pub fn unpublished(&self, code: Option<Code>) {
+        *lock(&self.unpublishes).entry(code_name(code)).or_default() += 1;
+    }
+
+    pub fn volumes(&self, n: usize) {
+        self.volumes.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// The kubelet's answer to the registration.
+    pub fn registration(&self, registered: bool, error: &str) {
+        self.registered.store(registered, Ordering::Relaxed);
+        *lock(&self.registration_error) = (!registered).then(|| error.to_string());
+    }
+
+    /// None while ready: registered by the kubelet, both sockets the agent's.
+    pub fn unready_reason(&self, census: &Census) -> Option<String> {
+        if let Some(sockets) = &census.sockets {
+            return Some(sockets.clone());
+        }
+        if !self.registered.load(Ordering::Relaxed) {
+            return Some(match &*lock(&self.registration_error) {
+                Some(error) => format!("the kubelet refused the registration: {error}"),
+                None => "the kubelet has not confirmed the registration yet".into(),
+            });
+        }
+        None
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, census: &Census) -> String {
+        let mut out = Text::default();
+        let calls = |out: &mut Text, name: &str, help: &str, counts: &BTreeMap<&'static str, u64>| {
+            out.family(name, Kind::Counter, help);
+            for (code, n) in counts {
+                out.sample(name, &[("code", code)], n);
+            }
+        };
+        calls(&mut out, "drafs_node_publishes_total", "NodePublishVolume calls by gRPC code.", &lock(&self.publishes));
+        calls(
+            &mut out,
+            "drafs_node_unpublishes_total",
+            "NodeUnpublishVolume calls by gRPC code.",
+            &lock(&self.unpublishes),
+        );
+        let (buckets, sum_us, count) = *lock(&self.latency);
+        out.histogram(
+            "drafs_node_publish_duration_seconds",
+            "Time from a publish call to its answer.",
+            &LATENCY_BUCKETS,
+            &buckets,
+            count,
+            sum_us as f64 / 1e6,
+        );
+        let volumes = self.volumes.load(Ordering::Relaxed);
+        out.single("drafs_node_volumes", Kind::Gauge, "Volumes served (one per pod).", volumes);
+        out.single("drafs_node_max_pods", Kind::Gauge, "Pods the agent serves at most (--max-pods).", census.max_pods);
+        out.single(
+            "drafs_node_failing_runs",
+            Kind::Gauge,
+            "Volumes whose run has failed (started again at the kubelet's next publish).",
+            census.failing_runs,
+        );
+        out.single(
+            "drafs_node_tmpfs_bytes",
+            Kind::Gauge,
+            "Bytes used in the volumes' tmpfs mounts.",
+            census.tmpfs_bytes,
+        );
+        let name = "drafs_node_slice_watch_up";
+        out.family(name, Kind::Gauge, "1 while the shared watch of a scope of slices is listed and not failing.");
+        for (scope, listed, failing) in &census.slice_watches {
+            out.sample(name, &[("scope", scope)], u8::from(*listed && !*failing));
+        }
+        out.single(
+            "drafs_node_registered",
+            Kind::Gauge,
+            "1 once the kubelet has confirmed the registration.",
+            u8::from(self.registered.load(Ordering::Relaxed)),
+        );
+        out.into_text()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_latency_and_state_are_exposed() {
+        let m = NodeMetrics::default();
+        let census = Census {
+            max_pods: 110,
+            slice_watches: vec![("spec.nodeName=n1".into(), true, false)],
+            ..Default::default()
+        };
+        assert_eq!(m.unready_reason(&census).unwrap(), "the kubelet has not confirmed the registration yet");
+        m.registration(false, "version mismatch");
+        assert!(m.unready_reason(&census).unwrap().contains("version mismatch"));
+        m.registration(true, "");
+        assert_eq!(m.unready_reason(&census), None);
+        let lost = Census { sockets: Some("the registration socket is gone".into()), ..census.clone() };
+        assert_eq!(m.unready_reason(&lost).unwrap(), "the registration socket is gone");
+
+        m.published(None, Duration::from_millis(3));
+        m.published(Some(Code::Unavailable), Duration::from_secs(20));
+        m.published(Some(Code::ResourceExhausted), Duration::from_micros(40));
+        m.unpublished(None);
+        m.volumes(2);
+        let text = m.render(&census);
+        for line in [
+            "drafs_node_publishes_total{code=\"OK\"} 1\n",
+            "drafs_node_publishes_total{code=\"Unavailable\"} 1\n",
+            "drafs_node_publishes_total{code=\"ResourceExhausted\"} 1\n",
+            "drafs_node_unpublishes_total{code=\"OK\"} 1\n",
+            "drafs_node_publish_duration_seconds_bucket{le=\"0.005\"} 2\n",
+            "drafs_node_publish_duration_seconds_bucket{le=\"20\"} 3\n",
+            "drafs_node_publish_duration_seconds_bucket{le=\"+Inf\"} 3\n",
+            "drafs_node_publish_duration_seconds_count 3\n",
+            "drafs_node_volumes 2\n",
+            "drafs_node_max_pods 110\n",
+            "drafs_node_slice_watch_up{scope=\"spec.nodeName=n1\"} 1\n",
+            "drafs_node_registered 1\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from:\n{text}");
+        }
+    }
+}
