@@ -247,3 +247,35 @@ fn ready_when_healthy_puts_healthy_on_the_sidecars_readiness_probe_and_refuses_i
     assert_eq!(init.status.code(), Some(2), "a usage error");
     assert!(stderr(&init).contains("needs a sidecar mode"), "{}", stderr(&init));
 }
+
+/// `drafs node` refuses to publish a volume that requires a value known only
+/// after prepare (the kubelet prepares after the publish), so the pod would
+/// never start: `inject --mode csi` refuses it first, with the node's own
+/// words; the modes that run after prepare keep taking it.
+#[test]
+fn csi_mode_refuses_a_require_the_node_could_never_meet() {
+    let text = read("tests/inject/deployment.yaml");
+    for prepared in ["nic/nic/0/.status/interfaceName", "gpu/gpu/0/.health"] {
+        let args = ["inject", "--mode", "csi", "--require", "gpu/gpu/0/uuid", "--require", prepared];
+        let out = drafs_with_stdin(&args, &text);
+        assert_eq!(out.status.code(), Some(2), "{prepared}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!(
+                "--require {prepared} is a value the driver reports when it prepares the device, after the volume is published"
+            )),
+            "{}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty(), "nothing written");
+        for mode in ["init", "sidecar-files", "sidecar-fuse"] {
+            let out = drafs_with_stdin(&["inject", "--mode", mode, "--require", prepared], &text);
+            assert!(out.status.success(), "{mode}: {}", stderr(&out));
+            assert!(stdout(&out).contains(&format!("--require={prepared}")), "{mode}: {}", stdout(&out));
+        }
+    }
+    // What the scheduler decided can be required: it goes into the volume's attributes.
+    let out = drafs_with_stdin(&["inject", "--mode", "csi", "--require", "gpu/gpu/0/uuid"], &text);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let volume = &yaml_docs(&stdout(&out))[0]["spec"]["template"]["spec"]["volumes"][0];
+    assert_eq!(volume["csi"]["volumeAttributes"]["require"], "gpu/gpu/0/uuid", "{volume}");
+}

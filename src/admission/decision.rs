@@ -465,6 +465,11 @@ mod tests {
                 json!({"annotations": {READY_WHEN_HEALTHY_ANNOTATION: "yes"}}),
                 "annotation drafs.dev/ready-when-healthy: \"yes\" is not true or false",
             ),
+            // drafs node would refuse every publish: the pod would never start.
+            (
+                json!({"labels": {INJECT_LABEL: "csi"}, "annotations": {REQUIRE_ANNOTATION: "gpu/gpu/0/.healthMessage"}}),
+                "annotation drafs.dev/require: gpu/gpu/0/.healthMessage is a value the driver reports when it prepares the device",
+            ),
         ];
         for (metadata, expected) in cases {
             let pod = pod_with(|p| {

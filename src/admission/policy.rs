@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::admission::inject::{self, Mode, Options};
-use crate::model::tree::RequirePath;
+use crate::model::tree::{RequirePath, require_at_publish};
 
 /// The label that opts a pod in; the webhook configuration selects on it.
 pub const INJECT_LABEL: &str = "drafs.dev/inject";
@@ -152,6 +152,8 @@ pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, S
                 "annotation {a} is for a drafs container; mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
             ));
         }
+        // drafs node would refuse every publish of such a volume: the pod would never start.
+        require_at_publish(&opts.require).map_err(|e| format!("annotation {REQUIRE_ANNOTATION}: {e}"))?;
     }
     match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
         None | Some("false") => {}
@@ -180,6 +182,16 @@ mod tests {
         let pod = |annotations: Value| json!({"metadata": {"annotations": annotations}});
         let opts = options(&pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid"})), Mode::Csi, "drafs:1").unwrap();
         assert_eq!(opts.require.len(), 1);
+        // What drafs node would refuse to publish, refused at admission in its words.
+        let prepared = pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid, nic/nic/0/.status/interfaceName"}));
+        let err = options(&prepared, Mode::Csi, "drafs:1").unwrap_err();
+        assert_eq!(
+            err,
+            "annotation drafs.dev/require: nic/nic/0/.status/interfaceName is a value the driver reports when it prepares the device, after the volume is published; it cannot be required at publish time (read it when it appears, or require it in an init container)"
+        );
+        for mode in [Mode::Init, Mode::SidecarFiles, Mode::SidecarFuse] {
+            assert_eq!(options(&prepared, mode, "drafs:1").unwrap().require.len(), 2, "{mode:?} runs after prepare");
+        }
         for a in [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
             let value = if a == TIMEOUT_ANNOTATION {
                 "5m"

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use crate::admission::inject;
 use crate::cmd::Failure;
 use crate::cmd::cli::InjectArgs;
+use crate::model::tree::require_at_publish;
 
 #[derive(Debug)]
 pub struct Config {
@@ -42,6 +43,8 @@ impl Config {
                     "{flag} is for a drafs container; --mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
                 )));
             }
+            // drafs node would refuse every publish of such a volume: the pod would never start.
+            require_at_publish(&options.require).map_err(|e| Failure::Usage(format!("--require {e}")))?;
         }
         if let Some(m) = &args.metadata_dir {
             inject::check_metadata_dir(m, &options.dir)
