@@ -172,6 +172,25 @@ fn bad_values_are_refused_with_the_reason() {
     }
 }
 
+/// The webhook's arguments (`webhook`, `--flag=value`...).
+fn webhook_args(docs: &[Value]) -> Vec<String> {
+    let container = &find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
+/// The CSIDriver's name is the chart's to choose (`node.driverName`): the
+/// webhook is told it, so that the volumes it injects name a registered
+/// driver and a pod with one is known to have drafs.
+#[test]
+fn the_webhook_names_the_csi_driver_the_chart_installs() {
+    let Some(cp) = controlplane::shared() else { return };
+    assert!(webhook_args(&render(cp, &[])).contains(&"--csi-driver=drafs.dev".to_string()));
+    let docs = render(cp, &["--set", "node.enabled=true", "--set", "node.driverName=node.drafs.example"]);
+    assert_eq!(find(&docs, "CSIDriver")["metadata"]["name"], "node.drafs.example");
+    let args = webhook_args(&docs);
+    assert!(args.contains(&"--csi-driver=node.drafs.example".to_string()), "{args:?}");
+}
+
 /// A PodDisruptionBudget that no drain can meet (minAvailable >= replicas)
 /// is not made; namespaces that YAML would read as a boolean or a number
 /// (`on`, `123`) stay strings in the NetworkPolicy.

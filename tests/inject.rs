@@ -279,3 +279,35 @@ fn csi_mode_refuses_a_require_the_node_could_never_meet() {
     let volume = &yaml_docs(&stdout(&out))[0]["spec"]["template"]["spec"]["volumes"][0];
     assert_eq!(volume["csi"]["volumeAttributes"]["require"], "gpu/gpu/0/uuid", "{volume}");
 }
+
+/// A chart that renames the driver (`node.driverName`) registers that name:
+/// `--csi-driver` (or `DRAFS_CSI_DRIVER`) puts it in the volume, and a pod
+/// with a volume of it already has drafs.
+#[test]
+fn csi_mode_names_the_driver_it_is_told_and_knows_its_volume_again() {
+    let text = read("tests/inject/deployment.yaml");
+    let driver_of = |out: &str| {
+        yaml_docs(out)[0]["spec"]["template"]["spec"]["volumes"][0]["csi"]["driver"].as_str().unwrap().to_string()
+    };
+    let out = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", "node.drafs.example"], &text);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let once = stdout(&out);
+    assert_eq!(driver_of(&once), "node.drafs.example");
+    let again = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", "node.drafs.example"], &once);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again), once, "the volume of the driver it names is drafs's: nothing added");
+    assert!(stderr(&again).contains("already has drafs"), "{}", stderr(&again));
+    let env = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", "csi", "tests/inject/deployment.yaml"])
+        .env("DRAFS_CSI_DRIVER", "env.drafs.example")
+        .output()
+        .unwrap();
+    assert!(env.status.success(), "{}", stderr(&env));
+    assert_eq!(driver_of(&stdout(&env)), "env.drafs.example");
+    // Validated as drafs node validates its --driver-name.
+    for bad in ["Drafs.Dev", "drafs_dev", "", &format!("{}.dev", "a".repeat(60))] {
+        let out = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", bad], &text);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("is not a CSI driver name"), "{bad:?}: {}", stderr(&out));
+    }
+}

@@ -24,6 +24,7 @@ impl Config {
         options.dir = args.dir.clone();
         options.require = args.require.clone();
         options.timeout = args.timeout;
+        options.csi_driver = args.csi.csi_driver.clone();
         if args.ready_when_healthy && inject::Mode::from(args.mode) == inject::Mode::Init {
             return Err(Failure::Usage(
                 "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),
