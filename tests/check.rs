@@ -533,6 +533,28 @@ fn check_says_whether_a_csi_pods_driver_is_there_as_drafs_node_needs_it() {
     let node = named(&report, "node");
     assert_eq!(node["status"], "ok", "{node:#}");
     assert!(node["message"].as_str().unwrap().ends_with("the pod has no node yet"), "{node:#}");
+
+    // A chart that renamed the driver (node.driverName): its pods are known
+    // by that name (--csi-driver), and its CSIDriver is the one checked.
+    let renamed = "node.drafs.example";
+    p["metadata"]["name"] = json!("renamed");
+    p["spec"]["volumes"][0]["csi"]["driver"] = json!(renamed);
+    cp.create(&p);
+    let (_, report) = check_json(&cp, &["-n", "csi", "renamed"]);
+    assert_eq!(named(&report, "injection")["details"]["injected"], false, "not drafs's driver: {report:#}");
+    assert!(report["checks"].as_array().unwrap().iter().all(|c| c["name"] != "node"), "{report:#}");
+    let (code, report) = check_json(&cp, &["-n", "csi", "renamed", "--csi-driver", renamed]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(named(&report, "injection")["details"]["mode"], "csi", "{report:#}");
+    let node = named(&report, "node");
+    assert_eq!(node["message"], format!("no CSIDriver {renamed}: the pod's volume has no driver"), "{node:#}");
+    let mut driver = cp
+        .get(&json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"}}))
+        .unwrap();
+    driver["metadata"] = json!({"name": renamed});
+    cp.ensure(&driver);
+    let (_, report) = check_json(&cp, &["-n", "csi", "renamed", "--csi-driver", renamed]);
+    assert_eq!(named(&report, "node")["status"], "ok", "{report:#}");
 }
 
 /// Twenty configurations whose entries point at endpoints that accept and

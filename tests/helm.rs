@@ -165,11 +165,33 @@ fn bad_values_are_refused_with_the_reason() {
         ("failurePolicy=Sometimes", "failurePolicy must be Fail or Ignore"),
         ("certificate.source=secret", "certificate.secretName is required"),
         ("certificate.source=secret,certificate.secretName=mine", "certificate.caBundle (base64 PEM"),
+        ("namespaceMode=sidecar", "namespaceMode must be init, sidecar-files, sidecar-fuse or csi, not \"sidecar\""),
+        // Its pods' volume would have no driver: they would never start.
+        ("namespaceMode=csi", "namespaceMode csi needs node.enabled=true"),
     ] {
         let out = helm::run(cp, &["template", "drafs", CHART, "--set", set]);
         assert!(!out.status.success(), "{set} was rendered");
         assert!(stderr(&out).contains(reason), "{set}: {}", stderr(&out));
     }
+}
+
+/// The webhook's arguments (`webhook`, `--flag=value`...).
+fn webhook_args(docs: &[Value]) -> Vec<String> {
+    let container = &find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
+/// The CSIDriver's name is the chart's to choose (`node.driverName`): the
+/// webhook is told it, so that the volumes it injects name a registered
+/// driver and a pod with one is known to have drafs.
+#[test]
+fn the_webhook_names_the_csi_driver_the_chart_installs() {
+    let Some(cp) = controlplane::shared() else { return };
+    assert!(webhook_args(&render(cp, &[])).contains(&"--csi-driver=drafs.dev".to_string()));
+    let docs = render(cp, &["--set", "node.enabled=true", "--set", "node.driverName=node.drafs.example"]);
+    assert_eq!(find(&docs, "CSIDriver")["metadata"]["name"], "node.drafs.example");
+    let args = webhook_args(&docs);
+    assert!(args.contains(&"--csi-driver=node.drafs.example".to_string()), "{args:?}");
 }
 
 /// A PodDisruptionBudget that no drain can meet (minAvailable >= replicas)
@@ -469,6 +491,97 @@ fn namespace_and_pod_labels_choose_who_gets_drafs() {
         let (code, text) = dry_run_create(&cp, &pod("opted-in", "gpu", json!({}), asks));
         assert!(code >= 400 && text.contains("namespaces.drafs.dev"), "{asks:?}: HTTP {code}: {text}");
     }
+}
+
+/// `namespaceMode: csi` with `node.enabled` (and a renamed driver): the chart
+/// renders it (helm lint too), the flags its webhook Deployment passes are
+/// the ones `drafs webhook` takes (a webhook of the test's, run with them,
+/// plays the Deployment, called by URL), and the real API server stores an
+/// unlabelled pod of an opted-in namespace with a volume of the chart's
+/// CSIDriver and no drafs container.
+#[test]
+fn namespace_mode_csi_gives_an_opted_in_namespaces_pods_the_volume_of_the_charts_driver() {
+    let Some(cp) = controlplane::private() else { return };
+    let driver = "node.drafs.example";
+    let values = ["namespaceMode=csi", "node.enabled=true", &format!("node.driverName={driver}")];
+    let sets: Vec<&str> = values.iter().flat_map(|v| ["--set", *v]).collect();
+    let mut lint = vec!["lint", CHART, "--strict"];
+    lint.extend(&sets);
+    assert!(helm_ok(&cp, &lint).contains("0 chart(s) failed"));
+    let args = webhook_args(&render(&cp, &sets));
+    let flags: Vec<&str> = args
+        .iter()
+        .filter(|a| a.starts_with("--namespace-mode=") || a.starts_with("--csi-driver="))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(flags, ["--namespace-mode=csi", &format!("--csi-driver={driver}")]);
+    let hook = webhook::WebhookProcess::start(&flags);
+
+    // The agent mounts into the kubelet's directories: a privileged namespace.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let ca = serde_json::to_value(k8s_openapi::ByteString(std::fs::read(hook.ca()).unwrap())).unwrap();
+    let mut install = vec!["install", "drafs", CHART, "--namespace", "drafs-system"];
+    install.extend(&sets);
+    let by_url = [
+        format!("webhookURL=https://{}", hook.addr),
+        "certificate.source=secret".into(),
+        "certificate.secretName=unused".into(),
+        format!("certificate.caBundle={}", ca.as_str().unwrap()),
+    ];
+    install.extend(by_url.iter().flat_map(|v| ["--set", v.as_str()]));
+    helm_ok(&cp, &install);
+    let csi_driver = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver}});
+    assert!(cp.get(&csi_driver).is_some(), "the chart installs the CSIDriver the volumes name");
+
+    restricted_namespace(&cp, "ml");
+    cp.merge_patch(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}),
+        &json!({"metadata": {"labels": {"drafs.dev/inject": "enabled"}}}),
+    );
+    for account in ["default", "drafs"] {
+        cp.ensure(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": "ml"}}),
+        );
+    }
+    // The app as the restricted level wants it; drafs adds only what that level allows.
+    let pod = |name: &str, labels: Value| {
+        let mut p = pod("ml", name, labels, Asks::Claim);
+        p["spec"]["securityContext"] = json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+        p["spec"]["containers"][0]["securityContext"] =
+            json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+        p
+    };
+    let volume =
+        |p: &Value| p["spec"]["volumes"].as_array().into_iter().flatten().find(|v| v.get("csi").is_some()).cloned();
+    wait_until("the webhook configuration to take effect", std::time::Duration::from_secs(30), || {
+        let (code, text) = dry_run_create(&cp, &pod("probe", json!({})));
+        (code == 200 || code == 201) && volume(&serde_json::from_str(&text).unwrap()).is_some()
+    });
+
+    // Created for real: valid for the API server, under the restricted level.
+    let stored = cp.create(&pod("trainer", json!({})));
+    let spec = &stored["spec"];
+    assert_eq!(
+        volume(&stored),
+        Some(json!({"name": "dra", "csi": {"driver": driver, "readOnly": true}})),
+        "{stored:#}"
+    );
+    assert!(spec.get("initContainers").is_none(), "no drafs container: {stored:#}");
+    assert_eq!(spec["containers"][0]["volumeMounts"][0], json!({"name": "dra", "mountPath": "/dra", "readOnly": true}));
+    assert_eq!((&spec["serviceAccountName"], &spec["automountServiceAccountToken"]), (&json!("drafs"), &json!(false)));
+    // The pod's label still chooses its mode.
+    let labelled = cp.create(&pod("setup", json!({"drafs.dev/inject": "init"})));
+    assert_eq!(labelled["spec"]["initContainers"][0]["name"], "drafs", "{labelled:#}");
+    assert_eq!(volume(&labelled), None);
+    // A require drafs node could never meet is refused at once, not left to FailedMount forever.
+    let mut waits = pod("waits", json!({}));
+    waits["metadata"]["annotations"] = json!({"drafs.dev/require": "gpu/gpu/0/.status/interfaceName"});
+    let (code, text) = dry_run_create(&cp, &waits);
+    assert!(
+        code == 400 && text.contains("namespaces.drafs.dev") && text.contains("when it prepares the device"),
+        "HTTP {code}: {text}"
+    );
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
 }
 
 /// The image the chart's Deployment gives the webhook to inject (`DRAFS_IMAGE`).

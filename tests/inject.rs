@@ -247,3 +247,67 @@ fn ready_when_healthy_puts_healthy_on_the_sidecars_readiness_probe_and_refuses_i
     assert_eq!(init.status.code(), Some(2), "a usage error");
     assert!(stderr(&init).contains("needs a sidecar mode"), "{}", stderr(&init));
 }
+
+/// `drafs node` refuses to publish a volume that requires a value known only
+/// after prepare (the kubelet prepares after the publish), so the pod would
+/// never start: `inject --mode csi` refuses it first, with the node's own
+/// words; the modes that run after prepare keep taking it.
+#[test]
+fn csi_mode_refuses_a_require_the_node_could_never_meet() {
+    let text = read("tests/inject/deployment.yaml");
+    for prepared in ["nic/nic/0/.status/interfaceName", "gpu/gpu/0/.health"] {
+        let args = ["inject", "--mode", "csi", "--require", "gpu/gpu/0/uuid", "--require", prepared];
+        let out = drafs_with_stdin(&args, &text);
+        assert_eq!(out.status.code(), Some(2), "{prepared}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!(
+                "--require {prepared} is a value the driver reports when it prepares the device, after the volume is published"
+            )),
+            "{}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty(), "nothing written");
+        for mode in ["init", "sidecar-files", "sidecar-fuse"] {
+            let out = drafs_with_stdin(&["inject", "--mode", mode, "--require", prepared], &text);
+            assert!(out.status.success(), "{mode}: {}", stderr(&out));
+            assert!(stdout(&out).contains(&format!("--require={prepared}")), "{mode}: {}", stdout(&out));
+        }
+    }
+    // What the scheduler decided can be required: it goes into the volume's attributes.
+    let out = drafs_with_stdin(&["inject", "--mode", "csi", "--require", "gpu/gpu/0/uuid"], &text);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let volume = &yaml_docs(&stdout(&out))[0]["spec"]["template"]["spec"]["volumes"][0];
+    assert_eq!(volume["csi"]["volumeAttributes"]["require"], "gpu/gpu/0/uuid", "{volume}");
+}
+
+/// A chart that renames the driver (`node.driverName`) registers that name:
+/// `--csi-driver` (or `DRAFS_CSI_DRIVER`) puts it in the volume, and a pod
+/// with a volume of it already has drafs.
+#[test]
+fn csi_mode_names_the_driver_it_is_told_and_knows_its_volume_again() {
+    let text = read("tests/inject/deployment.yaml");
+    let driver_of = |out: &str| {
+        yaml_docs(out)[0]["spec"]["template"]["spec"]["volumes"][0]["csi"]["driver"].as_str().unwrap().to_string()
+    };
+    let out = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", "node.drafs.example"], &text);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let once = stdout(&out);
+    assert_eq!(driver_of(&once), "node.drafs.example");
+    let again = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", "node.drafs.example"], &once);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again), once, "the volume of the driver it names is drafs's: nothing added");
+    assert!(stderr(&again).contains("already has drafs"), "{}", stderr(&again));
+    let env = std::process::Command::new(drafs_bin())
+        .args(["inject", "--mode", "csi", "tests/inject/deployment.yaml"])
+        .env("DRAFS_CSI_DRIVER", "env.drafs.example")
+        .output()
+        .unwrap();
+    assert!(env.status.success(), "{}", stderr(&env));
+    assert_eq!(driver_of(&stdout(&env)), "env.drafs.example");
+    // Validated as drafs node validates its --driver-name.
+    for bad in ["Drafs.Dev", "drafs_dev", "", &format!("{}.dev", "a".repeat(60))] {
+        let out = drafs_with_stdin(&["inject", "--mode", "csi", "--csi-driver", bad], &text);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("is not a CSI driver name"), "{bad:?}: {}", stderr(&out));
+    }
+}

@@ -469,3 +469,50 @@ fn the_shipped_manifests_fit_the_drain_the_names_and_the_ports() {
         assert!(open.contains(&&port["containerPort"]), "port {port} not opened: {policy}");
     }
 }
+
+/// `--namespace-mode csi` with a renamed driver (the chart passes its
+/// `node.driverName` as `--csi-driver`): an unlabelled pod of an opted-in
+/// namespace gets a volume of that driver, a pod with one already is left
+/// alone, and a require drafs node could never meet is denied.
+#[test]
+fn the_namespace_mode_csi_names_the_driver_it_is_told() {
+    let hook = WebhookProcess::start(&["--namespace-mode", "csi", "--csi-driver", "node.drafs.example"]);
+    let ca = hook.ca();
+    let ask = |path: &str, body: &[u8]| {
+        let (status, body) = request(hook.addr, &ca, "POST", path, body).unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        json_body(&body)["response"].clone()
+    };
+    let answer = ask("/mutate/namespace", &review(json!({})));
+    assert_eq!(answer["allowed"], true, "{answer}");
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(answer["patch"].clone()).expect("a patch");
+    let patch: Value = serde_json::from_slice(&bytes.0).unwrap();
+    let volume = patch.as_array().unwrap().iter().find(|op| op["path"] == "/spec/volumes").expect("volumes added");
+    assert_eq!(volume["value"], json!([{"name": "dra", "csi": {"driver": "node.drafs.example", "readOnly": true}}]));
+    assert!(!patch.to_string().contains("initContainers"), "no container: {patch}");
+
+    // The pod as the API server stored it: already served by that driver.
+    let served = create_review(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "labels": {"drafs.dev/inject": "csi"}},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
+            "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]},
+                            "volumeMounts": [{"name": "dra", "mountPath": "/dra", "readOnly": true}]}],
+            "volumes": [{"name": "dra", "csi": {"driver": "node.drafs.example", "readOnly": true}}]
+        }
+    }));
+    for path in ["/mutate", "/mutate/namespace"] {
+        let answer = ask(path, &served);
+        assert_eq!(answer["allowed"], true, "{path}: {answer}");
+        assert!(answer.get("patch").is_none(), "{path}: the pod has drafs already: {answer}");
+    }
+
+    let mut prepared: Value = serde_json::from_slice(&review(json!({}))).unwrap();
+    prepared["request"]["object"]["metadata"]["annotations"] =
+        json!({"drafs.dev/require": "nic/nic/0/.status/interfaceName"});
+    let answer = ask("/mutate/namespace", &serde_json::to_vec(&prepared).unwrap());
+    assert_eq!(answer["allowed"], false, "{answer}");
+    let message = answer["status"]["message"].as_str().unwrap();
+    assert!(message.contains("is a value the driver reports when it prepares the device"), "{message}");
+}

@@ -25,7 +25,8 @@ fuzz_target!(|data: &[u8]| {
         3 => OptIn::Namespace(Mode::SidecarFiles),
         _ => OptIn::Namespace(Mode::Csi),
     };
-    let Ok((answer, verdict)) = decision::review(body, IMAGE, opt_in) else { return };
+    let defaults = policy::Defaults::new(IMAGE);
+    let Ok((answer, verdict)) = decision::review(body, &defaults, opt_in) else { return };
     // The webhook reads only the parts of the review it uses: the rest may be
     // what no JSON parser takes (bytes that are not UTF-8, numbers out of
     // range, in a member it skips). Its uid is read as the webhook reads it.
@@ -69,7 +70,7 @@ fuzz_target!(|data: &[u8]| {
         }
         labelled["metadata"]["labels"][INJECT_LABEL] = mode.label().into();
     }
-    let opts = policy::options_of(&labelled, IMAGE).expect("a patched pod has valid options");
+    let opts = policy::options_of(&labelled, &defaults).expect("a patched pod has valid options");
     let mut injected = pod.clone();
     injected["kind"] = "Pod".into();
     inject::inject_value(&mut injected, &opts, &mut Vec::new()).expect("inject accepts a pod the webhook patched");

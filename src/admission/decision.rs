@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::admission::inject::{self, Outcome};
 use crate::admission::patch;
-use crate::admission::policy::{INJECT_LABEL, OptIn, Requested, options, requested};
+use crate::admission::policy::{Defaults, INJECT_LABEL, OptIn, Requested, options, requested};
 use crate::admission::prune::{self, Budget, Keep, Stop, is_object};
 
 /// The most memory the parts of one pod that drafs reads may take as
@@ -105,7 +105,7 @@ fn string(raw: Option<&RawValue>) -> Option<String> {
 }
 
 /// Answer one AdmissionReview (the request body) with another (the response body).
-pub fn review(body: &[u8], image: &str, opt_in: OptIn) -> Result<(Value, Verdict), ReviewError> {
+pub fn review(body: &[u8], defaults: &Defaults, opt_in: OptIn) -> Result<(Value, Verdict), ReviewError> {
     let not_a_review = |e: serde_json::Error| match e.classify() {
         serde_json::error::Category::Data => ReviewError::NotAReview(String::new(), String::new()),
         _ => ReviewError::NotJson(e),
@@ -118,7 +118,7 @@ pub fn review(body: &[u8], image: &str, opt_in: OptIn) -> Result<(Value, Verdict
         _ => return Err(ReviewError::NotAReview(api_version, kind)),
     };
     let uid = string(request.uid).filter(|u| !u.is_empty()).ok_or(ReviewError::NoUid)?;
-    let verdict = decide(&request, image, opt_in)?;
+    let verdict = decide(&request, defaults, opt_in)?;
     let mut response = json!({"uid": uid, "allowed": !matches!(verdict, Verdict::Denied { .. })});
     match &verdict {
         Verdict::Allowed { warnings } => add_warnings(&mut response, warnings),
@@ -145,7 +145,7 @@ fn allowed() -> Verdict {
     Verdict::Allowed { warnings: Vec::new() }
 }
 
-fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, ReviewError> {
+fn decide(request: &RequestPart, defaults: &Defaults, opt_in: OptIn) -> Result<Verdict, ReviewError> {
     let kind: Option<KindPart> = request.kind.and_then(|k| serde_json::from_str(k.get()).ok());
     let is_pod =
         kind.is_some_and(|k| string(k.group).as_deref() == Some("") && string(k.kind).as_deref() == Some("Pod"));
@@ -179,7 +179,7 @@ fn decide(request: &RequestPart, image: &str, opt_in: OptIn) -> Result<Verdict, 
         Requested::Mode(Err(message)) => return Ok(Verdict::Denied { message }),
         Requested::Mode(Ok(mode)) => mode,
     };
-    let opts = match options(&pod, mode, image) {
+    let opts = match options(&pod, mode, defaults) {
         Ok(opts) => opts,
         Err(message) => return Ok(Verdict::Denied { message }),
     };
@@ -248,10 +248,18 @@ pub const POD_PARTS: &[(&str, Keep)] = &[
             ("initContainers", Keep::Items(&CONTAINER)),
             ("containers", Keep::Items(&CONTAINER)),
             ("ephemeralContainers", Keep::Items(&CONTAINER)),
-            ("volumes", Keep::Items(&Keep::Fields(&[("name", Keep::Whole), ("projected", Keep::Whole)]))),
+            ("volumes", Keep::Items(&VOLUME)),
         ]),
     ),
 ];
+
+/// A volume: its name, the automounted token's sources, and the driver of a
+/// `csi` one (a pod with drafs's CSI volume has drafs already).
+const VOLUME: Keep = Keep::Fields(&[
+    ("name", Keep::Whole),
+    ("projected", Keep::Whole),
+    ("csi", Keep::Fields(&[("driver", Keep::Whole)])),
+]);
 
 const CONTAINER: Keep = Keep::Fields(&[
     ("name", Keep::Whole),
@@ -328,7 +336,8 @@ mod tests {
     #[test]
     fn a_labelled_pod_gets_exactly_what_inject_gives() {
         let pod = pod_with(|_| {});
-        let (response, verdict) = review(&request(pod.clone()), "registry.example/drafs:1", OptIn::Pod).unwrap();
+        let (response, verdict) =
+            review(&request(pod.clone()), &Defaults::new("registry.example/drafs:1"), OptIn::Pod).unwrap();
         assert_eq!(verdict.label(), "patched");
         let r = &response["response"];
         assert_eq!(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
@@ -357,16 +366,17 @@ mod tests {
             p["metadata"]["labels"].as_object_mut().unwrap().remove(INJECT_LABEL);
         });
         // Sent to /mutate (the pod label's entry), an unlabelled pod is left alone.
-        let (_, verdict) = review(&request(unlabelled.clone()), "drafs:test", OptIn::Pod).unwrap();
+        let (_, verdict) = review(&request(unlabelled.clone()), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         assert_eq!(verdict.label(), "allowed");
         // In an opted-in namespace it gets the namespace's mode.
-        let (response, verdict) = review(&request(unlabelled.clone()), "drafs:test", namespace).unwrap();
+        let (response, verdict) =
+            review(&request(unlabelled.clone()), &Defaults::new("drafs:test"), namespace).unwrap();
         assert_eq!(verdict.label(), "patched");
         let patched = apply(&unlabelled, &decoded_patch(&response));
         assert_eq!(patched, injected(&unlabelled, &Options::new(Mode::SidecarFiles, "drafs:test")));
         // The pod's own label chooses the mode.
         let labelled = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!("init"));
-        let (response, _) = review(&request(labelled.clone()), "drafs:test", namespace).unwrap();
+        let (response, _) = review(&request(labelled.clone()), &Defaults::new("drafs:test"), namespace).unwrap();
         let patched = apply(&labelled, &decoded_patch(&response));
         assert_eq!(patched, injected(&labelled, &Options::new(Mode::Init, "drafs:test")));
         // A pod without claims in that namespace: unchanged, and nothing to say.
@@ -374,13 +384,13 @@ mod tests {
             p["metadata"]["labels"].as_object_mut().unwrap().remove(INJECT_LABEL);
             p["spec"].as_object_mut().unwrap().remove("resourceClaims");
         });
-        let (response, verdict) = review(&request(no_claims.clone()), "drafs:test", namespace).unwrap();
+        let (response, verdict) = review(&request(no_claims.clone()), &Defaults::new("drafs:test"), namespace).unwrap();
         assert_eq!(verdict.label(), "allowed");
         assert!(response["response"]["warnings"].is_null(), "{response}");
         // Asking for an extended resource (a DeviceClass may back it, KEP-5004) is asking for a device.
         let mut extended = no_claims;
         extended["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1", "cpu": "1"}});
-        let (response, verdict) = review(&request(extended.clone()), "drafs:test", namespace).unwrap();
+        let (response, verdict) = review(&request(extended.clone()), &Defaults::new("drafs:test"), namespace).unwrap();
         assert_eq!(verdict.label(), "patched", "{response}");
         let patched = apply(&extended, &decoded_patch(&response));
         assert_eq!(patched, injected(&extended, &Options::new(Mode::SidecarFiles, "drafs:test")));
@@ -389,10 +399,35 @@ mod tests {
     }
 
     #[test]
+    fn the_csi_volume_names_the_webhooks_driver_and_a_pod_with_one_has_drafs() {
+        for defaults in [
+            Defaults::new("drafs:test"),
+            Defaults { image: "drafs:test".into(), csi_driver: "node.drafs.example".into() },
+        ] {
+            let pod = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!("csi"));
+            let (response, verdict) = review(&request(pod.clone()), &defaults, OptIn::Pod).unwrap();
+            assert_eq!(verdict.label(), "patched", "{response}");
+            let patched = apply(&pod, &decoded_patch(&response));
+            let mut opts = Options::new(Mode::Csi, "drafs:test");
+            opts.csi_driver = defaults.csi_driver.clone();
+            assert_eq!(patched, injected(&pod, &opts));
+            let volumes = patched["spec"]["volumes"].as_array().unwrap();
+            assert_eq!(volumes.last().unwrap()["csi"]["driver"], defaults.csi_driver.as_str(), "{volumes:?}");
+            // The pod with its volume, sent again by any path and for any mode: it has drafs.
+            for (label, opt_in) in [("csi", OptIn::Pod), ("init", OptIn::Pod), ("csi", OptIn::Namespace(Mode::Csi))] {
+                let mut again = patched.clone();
+                again["metadata"]["labels"][INJECT_LABEL] = json!(label);
+                let (response, verdict) = review(&request(again), &defaults, opt_in).unwrap();
+                assert_eq!(verdict, allowed(), "{label}, {opt_in:?}, {}: {response}", defaults.csi_driver);
+            }
+        }
+    }
+
+    #[test]
     fn disabled_opts_a_pod_out_everywhere() {
         let pod = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!(DISABLED));
         for opt_in in [OptIn::Pod, OptIn::Namespace(Mode::Init)] {
-            let (response, verdict) = review(&request(pod.clone()), "drafs:test", opt_in).unwrap();
+            let (response, verdict) = review(&request(pod.clone()), &Defaults::new("drafs:test"), opt_in).unwrap();
             assert_eq!(verdict.label(), "allowed", "{opt_in:?}");
             assert!(response["response"]["patch"].is_null() && response["response"]["warnings"].is_null());
         }
@@ -409,7 +444,7 @@ mod tests {
                 TIMEOUT_ANNOTATION: "2m",
             });
         });
-        let (response, _) = review(&request(pod.clone()), "drafs:test", OptIn::Pod).unwrap();
+        let (response, _) = review(&request(pod.clone()), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         let patched = apply(&pod, &decoded_patch(&response));
         let drafs = &patched["spec"]["initContainers"][0];
         assert_eq!(
@@ -465,6 +500,11 @@ mod tests {
                 json!({"annotations": {READY_WHEN_HEALTHY_ANNOTATION: "yes"}}),
                 "annotation drafs.dev/ready-when-healthy: \"yes\" is not true or false",
             ),
+            // drafs node would refuse every publish: the pod would never start.
+            (
+                json!({"labels": {INJECT_LABEL: "csi"}, "annotations": {REQUIRE_ANNOTATION: "gpu/gpu/0/.healthMessage"}}),
+                "annotation drafs.dev/require: gpu/gpu/0/.healthMessage is a value the driver reports when it prepares the device",
+            ),
         ];
         for (metadata, expected) in cases {
             let pod = pod_with(|p| {
@@ -474,7 +514,7 @@ mod tests {
                     }
                 }
             });
-            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
+            let (response, verdict) = review(&request(pod), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
             let Verdict::Denied { message } = verdict else { panic!("{metadata}: not denied") };
             assert!(message.contains(expected), "{metadata}: {message}");
             assert_eq!(response["response"]["allowed"], false);
@@ -490,7 +530,7 @@ mod tests {
                 p["metadata"]["labels"][INJECT_LABEL] = json!(mode);
                 p["metadata"]["annotations"] = json!({READY_WHEN_HEALTHY_ANNOTATION: "true"});
             });
-            options_of(&pod, "drafs:test")
+            options_of(&pod, &Defaults::new("drafs:test"))
         };
         let opts = annotated("sidecar-files").unwrap();
         assert!(opts.ready_when_healthy);
@@ -508,18 +548,19 @@ mod tests {
         let no_claims = pod_with(|p| p["spec"]["resourceClaims"] = json!([]));
         let with_drafs = pod_with(|p| p["spec"]["initContainers"] = json!([{"name": "drafs", "image": "mine"}]));
         for (pod, warned) in [(unlabelled, false), (no_claims, true), (with_drafs, false)] {
-            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
+            let (response, verdict) = review(&request(pod), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
             assert_eq!(verdict.label(), "allowed", "{response}");
             assert!(response["response"].get("patch").is_none());
             assert_eq!(response["response"].get("warnings").is_some(), warned, "{response}");
         }
         let mut update: Value = serde_json::from_slice(&request(pod_with(|_| {}))).unwrap();
         update["request"]["operation"] = json!("UPDATE");
-        let (_, verdict) = review(&serde_json::to_vec(&update).unwrap(), "drafs:test", OptIn::Pod).unwrap();
+        let (_, verdict) =
+            review(&serde_json::to_vec(&update).unwrap(), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         assert_eq!(verdict, allowed());
         // A pod that names its own account keeps it, and is told what it needs.
         let own = pod_with(|p| p["spec"]["serviceAccountName"] = json!("trainer"));
-        let (response, _) = review(&request(own), "drafs:test", OptIn::Pod).unwrap();
+        let (response, _) = review(&request(own), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         assert!(response["response"]["warnings"][0].as_str().unwrap().contains("--service-account trainer"));
     }
 
@@ -576,7 +617,8 @@ mod tests {
             {
                 let mut pod = pod.clone();
                 pod["metadata"]["labels"][INJECT_LABEL] = json!(label);
-                let (response, verdict) = review(&request(pod.clone()), "drafs:test", OptIn::Pod).unwrap();
+                let (response, verdict) =
+                    review(&request(pod.clone()), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
                 assert_eq!(verdict.label(), "patched", "{response}");
                 let mut opts = Options::new(mode, "drafs:test");
                 if pod["metadata"]["annotations"].get(METADATA_DIR_ANNOTATION).is_some() {
@@ -597,7 +639,7 @@ mod tests {
                 .collect();
             p["spec"]["containers"] = json!(containers);
         });
-        let (response, _) = review(&request(big.clone()), "drafs:test", OptIn::Pod).unwrap();
+        let (response, _) = review(&request(big.clone()), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         let patch = decoded_patch(&response);
         assert_eq!(apply(&big, &patch), injected(&big, &Options::new(Mode::Init, "drafs:test")));
         let text = serde_json::to_string(&patch).unwrap();
@@ -610,7 +652,7 @@ mod tests {
     fn a_pod_too_large_to_read_is_denied_and_what_drafs_does_not_read_costs_nothing() {
         // A million zeros where drafs never looks: answered.
         let zeros = pod_with(|p| p["spec"]["securityContext"] = json!({"supplementalGroups": vec![0; 1_000_000]}));
-        let (_, verdict) = review(&request(zeros), "drafs:test", OptIn::Pod).unwrap();
+        let (_, verdict) = review(&request(zeros), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
         assert_eq!(verdict.label(), "patched");
         // As many labels (drafs reads the labels), or mounts: denied, saying why.
         let labels = pod_with(|p| {
@@ -621,7 +663,7 @@ mod tests {
         let mounts =
             pod_with(|p| p["spec"]["containers"][0]["volumeMounts"] = json!(vec![json!({"name": "a"}); 100_000]));
         for pod in [labels, mounts] {
-            let (response, verdict) = review(&request(pod), "drafs:test", OptIn::Pod).unwrap();
+            let (response, verdict) = review(&request(pod), &Defaults::new("drafs:test"), OptIn::Pod).unwrap();
             let Verdict::Denied { message } = verdict else { panic!("not denied: {verdict:?}") };
             assert!(
                 message.contains("too large for the drafs webhook") && message.contains("drafs inject"),
@@ -633,17 +675,20 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_errors_not_panics() {
-        assert!(matches!(review(b"not json", "i", OptIn::Pod), Err(ReviewError::NotJson(_))));
-        assert!(matches!(review(b"{}", "i", OptIn::Pod), Err(ReviewError::NotAReview(..))));
-        assert!(matches!(review(b"[1,2]", "i", OptIn::Pod), Err(ReviewError::NotAReview(..))));
+        assert!(matches!(review(b"not json", &Defaults::new("i"), OptIn::Pod), Err(ReviewError::NotJson(_))));
+        assert!(matches!(review(b"{}", &Defaults::new("i"), OptIn::Pod), Err(ReviewError::NotAReview(..))));
+        assert!(matches!(review(b"[1,2]", &Defaults::new("i"), OptIn::Pod), Err(ReviewError::NotAReview(..))));
         let mut no_uid: Value = serde_json::from_slice(&request(pod_with(|_| {}))).unwrap();
         no_uid["request"]["uid"] = json!(7);
-        assert!(matches!(review(&serde_json::to_vec(&no_uid).unwrap(), "i", OptIn::Pod), Err(ReviewError::NoUid)));
+        assert!(matches!(
+            review(&serde_json::to_vec(&no_uid).unwrap(), &Defaults::new("i"), OptIn::Pod),
+            Err(ReviewError::NoUid)
+        ));
         let mut no_object = no_uid.clone();
         no_object["request"]["uid"] = json!("u");
         no_object["request"]["object"] = json!("pod");
         assert!(matches!(
-            review(&serde_json::to_vec(&no_object).unwrap(), "i", OptIn::Pod),
+            review(&serde_json::to_vec(&no_object).unwrap(), &Defaults::new("i"), OptIn::Pod),
             Err(ReviewError::NoObject)
         ));
         // Odd shapes inside a well-formed review are answered, never a panic.
@@ -653,7 +698,7 @@ mod tests {
             json!({"metadata": {"labels": {INJECT_LABEL: "init"}, "annotations": {TIMEOUT_ANNOTATION: 5}},
                            "spec": {"resourceClaims": [{"name": "g"}], "containers": "x"}}),
         ] {
-            assert!(review(&request(odd.clone()), "i", OptIn::Pod).is_ok(), "{odd}");
+            assert!(review(&request(odd.clone()), &Defaults::new("i"), OptIn::Pod).is_ok(), "{odd}");
         }
     }
 }

@@ -473,7 +473,7 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     let already = ["initContainers", "containers"]
         .iter()
         .any(|k| spec.get(*k).and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == CONTAINER)));
-    if already || csi_volume_of(spec).is_some() {
+    if already || csi_volume_of(spec, &opts.csi_driver).is_some() {
         return Ok(Injected::AlreadyThere);
     }
     if spec.pointer("/os/name").and_then(Value::as_str) == Some("windows") {
@@ -576,11 +576,11 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     }
 }
 
-/// The name of a pod's volume that drafs node serves (any driver named like drafs's, or drafs.dev).
-pub fn csi_volume_of(spec: &Value) -> Option<&str> {
+/// The name of a pod's volume that drafs node serves: a `csi` volume of
+/// `driver`, the name the CSIDriver was installed under (`--csi-driver`).
+pub fn csi_volume_of<'a>(spec: &'a Value, driver: &str) -> Option<&'a str> {
     spec.get("volumes").and_then(Value::as_array)?.iter().find_map(|v| {
-        let driver = v.pointer("/csi/driver").and_then(Value::as_str)?;
-        (driver == crate::model::names::DEFAULT_CSI_DRIVER).then(|| v["name"].as_str().unwrap_or_default())
+        (v.pointer("/csi/driver").and_then(Value::as_str)? == driver).then(|| v["name"].as_str().unwrap_or_default())
     })
 }
 
@@ -735,6 +735,15 @@ spec:
             inject(&out, &opts(Mode::Init)).unwrap().1,
             vec![Outcome::AlreadyInjected("Deployment trainer".into())]
         );
+        // The driver is the one installed (`--csi-driver`); a volume of another is not drafs's.
+        let renamed = Options { csi_driver: "node.drafs.example".into(), ..o.clone() };
+        let (other, _) = inject(DEPLOYMENT, &renamed).unwrap();
+        let doc: Value = serde_saphyr::from_str(&other).unwrap();
+        assert_eq!(doc["spec"]["template"]["spec"]["volumes"][0]["csi"]["driver"], "node.drafs.example");
+        assert_eq!(inject(&other, &renamed).unwrap().1, vec![Outcome::AlreadyInjected("Deployment trainer".into())]);
+        let spec = &doc["spec"]["template"]["spec"];
+        assert_eq!(csi_volume_of(spec, "node.drafs.example"), Some("dra"));
+        assert_eq!(csi_volume_of(spec, "drafs.dev"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::admission::inject::{self, Mode, Options};
-use crate::model::tree::RequirePath;
+use crate::model::tree::{RequirePath, require_at_publish};
 
 /// The label that opts a pod in; the webhook configuration selects on it.
 pub const INJECT_LABEL: &str = "drafs.dev/inject";
@@ -85,18 +85,35 @@ pub fn opt_in_of_path(path: &str, namespace_mode: Mode) -> Option<OptIn> {
     }
 }
 
+/// What the webhook's flags give every pod it injects, whatever its
+/// annotations say: the image, and the CSI driver mode csi's volume names
+/// (and a pod's drafs volume is known by).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defaults {
+    pub image: String,
+    pub csi_driver: String,
+}
+
+impl Defaults {
+    /// `image`, and the driver's default name.
+    pub fn new(image: impl Into<String>) -> Self {
+        Defaults { image: image.into(), csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into() }
+    }
+}
+
 /// The injection options a labelled pod asks for (as the webhook reads them;
 /// for the fuzz target).
 #[doc(hidden)]
-pub fn options_of(pod: &Value, image: &str) -> Result<Options, String> {
+pub fn options_of(pod: &Value, defaults: &Defaults) -> Result<Options, String> {
     let label = pod.pointer("/metadata/labels").and_then(|l| l.get(INJECT_LABEL)).ok_or("no drafs.dev/inject label")?;
-    options(pod, parse_mode(label.as_str().unwrap_or_default())?, image)
+    options(pod, parse_mode(label.as_str().unwrap_or_default())?, defaults)
 }
 
 /// The injection options a pod asks for, or a message naming what is wrong.
-pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, String> {
+pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Options, String> {
     let annotation = |key: &str| pod.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
-    let mut opts = Options::new(mode, image);
+    let mut opts = Options::new(mode, defaults.image.clone());
+    opts.csi_driver = defaults.csi_driver.clone();
     if let Some(dir) = annotation(DIR_ANNOTATION) {
         inject::check_container_path(dir)
             .map_err(|p| format!("annotation {DIR_ANNOTATION}: {dir:?} {p} (a container path for the tree)"))?;
@@ -152,6 +169,8 @@ pub(crate) fn options(pod: &Value, mode: Mode, image: &str) -> Result<Options, S
                 "annotation {a} is for a drafs container; mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
             ));
         }
+        // drafs node would refuse every publish of such a volume: the pod would never start.
+        require_at_publish(&opts.require).map_err(|e| format!("annotation {REQUIRE_ANNOTATION}: {e}"))?;
     }
     match annotation(READY_WHEN_HEALTHY_ANNOTATION) {
         None | Some("false") => {}
@@ -178,8 +197,23 @@ mod tests {
         assert_eq!(parse_mode("csi"), Ok(Mode::Csi));
         assert!(parse_mode("CSI").unwrap_err().ends_with("use init, sidecar-fuse, sidecar-files or csi"));
         let pod = |annotations: Value| json!({"metadata": {"annotations": annotations}});
-        let opts = options(&pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid"})), Mode::Csi, "drafs:1").unwrap();
+        let opts =
+            options(&pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid"})), Mode::Csi, &Defaults::new("drafs:1")).unwrap();
         assert_eq!(opts.require.len(), 1);
+        // What drafs node would refuse to publish, refused at admission in its words.
+        let prepared = pod(json!({REQUIRE_ANNOTATION: "gpu/gpu/0/uuid, nic/nic/0/.status/interfaceName"}));
+        let err = options(&prepared, Mode::Csi, &Defaults::new("drafs:1")).unwrap_err();
+        assert_eq!(
+            err,
+            "annotation drafs.dev/require: nic/nic/0/.status/interfaceName is a value the driver reports when it prepares the device, after the volume is published; it cannot be required at publish time (read it when it appears, or require it in an init container)"
+        );
+        for mode in [Mode::Init, Mode::SidecarFiles, Mode::SidecarFuse] {
+            assert_eq!(
+                options(&prepared, mode, &Defaults::new("drafs:1")).unwrap().require.len(),
+                2,
+                "{mode:?} runs after prepare"
+            );
+        }
         for a in [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
             let value = if a == TIMEOUT_ANNOTATION {
                 "5m"
@@ -188,7 +222,7 @@ mod tests {
             } else {
                 "true"
             };
-            let err = options(&pod(json!({a: value})), Mode::Csi, "drafs:1").unwrap_err();
+            let err = options(&pod(json!({a: value})), Mode::Csi, &Defaults::new("drafs:1")).unwrap_err();
             assert!(err.starts_with(&format!("annotation {a} is for a drafs container")), "{err}");
         }
     }

@@ -25,6 +25,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::admission::inject::Mode;
+use crate::admission::policy::Defaults;
 
 pub mod metrics;
 mod requests;
@@ -79,6 +80,8 @@ pub struct Config {
     /// The mode a pod without the label gets in a namespace labelled
     /// `drafs.dev/inject=enabled` (`POST /mutate/namespace`).
     pub namespace_mode: Mode,
+    /// The CSI driver mode csi's volume names (the chart's `node.driverName`).
+    pub csi_driver: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +102,7 @@ pub enum WebhookError {
 
 /// What every connection shares.
 struct State {
-    image: String,
+    defaults: Defaults,
     namespace_mode: Mode,
     metrics: Arc<WebhookMetrics>,
     slots: Mutex<Slots>,
@@ -211,7 +214,7 @@ impl Webhook {
             None => None,
         };
         let state = State {
-            image: config.image.clone(),
+            defaults: Defaults { image: config.image.clone(), csi_driver: config.csi_driver.clone() },
             namespace_mode: config.namespace_mode,
             metrics: Arc::new(WebhookMetrics::default()),
             slots: Mutex::new(Slots::default()),
@@ -295,7 +298,7 @@ impl Webhook {
     /// keeps calling this replica until its endpoints are updated), then
     /// close the port and let the reviews in flight finish (at most [`FINISH`]).
     pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        info!(addr = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), image = %self.state.image, "webhook listening");
+        info!(addr = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), image = %self.state.defaults.image, csi_driver = %self.state.defaults.csi_driver, "webhook listening");
         let state = self.state.clone();
         let reloader = tokio::spawn(follow_certs(self.files.clone(), self.current.clone(), state.metrics.clone()));
         let metrics_server = self

@@ -38,6 +38,8 @@ pub struct Config {
     pub warn_days: i64,
     /// Each request's limit.
     pub timeout: Duration,
+    /// The CSI driver a pod's drafs volume names (mode csi).
+    pub csi_driver: String,
 }
 
 impl Config {
@@ -58,6 +60,7 @@ impl Config {
             output: args.output,
             warn_days: i64::from(args.expiry_warning_days),
             timeout: args.timeout,
+            csi_driver: args.csi.csi_driver.clone(),
         })
     }
 }
@@ -85,9 +88,8 @@ pub async fn run(c: Config) -> Result<(), Failure> {
 }
 
 /// The CSIDriver and the CSINode of the pod's node, read for `check::node_agent`.
-async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &Value) -> check::Check {
+async fn node_agent_check(client: &Client, timeout: std::time::Duration, pod: &Value, name: &str) -> check::Check {
     use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
-    let name = crate::model::names::DEFAULT_CSI_DRIVER;
     let driver = match bounded(timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
         Ok(driver) => driver.and_then(|d| serde_json::to_value(d).ok()),
         Err(e) => return failed("node", format!("cannot read CSIDriver {name}: {e}")),
@@ -118,8 +120,8 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     checks.extend(webhooks(client, c, &entries).await);
     if let Some(pod) = &pod {
         // A pod served by drafs node: its CSIDriver and its node's registration.
-        if inject::csi_volume_of(&pod["spec"]).is_some() {
-            checks.push(node_agent_check(client, c.timeout, pod).await);
+        if inject::csi_volume_of(&pod["spec"], &c.csi_driver).is_some() {
+            checks.push(node_agent_check(client, c.timeout, pod, &c.csi_driver).await);
         }
         checks.push(drafs_container(client, c, namespace, pod).await);
     }
@@ -189,7 +191,9 @@ async fn injection(
     let pod_missing = c.pod.is_some() && pod_value.is_none();
     match (labels, &pod_value) {
         (Err(e), _) => checks.push(failed("injection", e)),
-        (Ok(labels), Some(pod)) => checks.push(check::pod_injection(configurations, &labels, pod, namespace_mode)),
+        (Ok(labels), Some(pod)) => {
+            checks.push(check::pod_injection(configurations, &labels, pod, namespace_mode, &c.csi_driver))
+        }
         (Ok(labels), None) if !pod_missing => {
             checks.push(check::namespace_injection(configurations, namespace, &labels, namespace_mode))
         }

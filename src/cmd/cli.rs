@@ -122,6 +122,17 @@ pub struct NodeArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// `--csi-driver`, for the commands that name or recognize the volume of mode
+/// csi: the driver's name is the chart's to choose (`node.driverName`).
+#[derive(Debug, Args)]
+pub struct CsiDriverArgs {
+    /// The CSI driver that serves mode csi's volume (`drafs node --driver-name`, the chart's node.driverName):
+    /// the `csi.driver` an injected volume names, and by which a pod's drafs volume is known.
+    #[arg(long, env = "DRAFS_CSI_DRIVER", value_name = "NAME", default_value = crate::model::names::DEFAULT_CSI_DRIVER,
+          value_parser = parse_csi_driver_name)]
+    pub csi_driver: String,
+}
+
 /// A CSI driver name: a DNS subdomain of at most 63 characters, as the CSIDriver object's.
 fn parse_csi_driver_name(s: &str) -> Result<String, String> {
     if s.len() <= 63 && parse_driver_name(s).is_ok() {
@@ -157,6 +168,8 @@ pub struct CheckArgs {
     /// How long each request may take.
     #[arg(long, env = "DRAFS_CHECK_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub csi: CsiDriverArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +219,8 @@ pub struct WebhookArgs {
     /// (the API server sends those to /mutate/namespace).
     #[arg(long, env = "DRAFS_NAMESPACE_MODE", value_enum, default_value_t = ModeArg::Init, value_name = "MODE")]
     pub namespace_mode: ModeArg,
+    #[command(flatten)]
+    pub csi: CsiDriverArgs,
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +258,8 @@ pub struct InjectArgs {
     /// Unhealthy, so the pod leaves its Services' endpoints until the device is healthy again.
     #[arg(long)]
     pub ready_when_healthy: bool,
+    #[command(flatten)]
+    pub csi: CsiDriverArgs,
 }
 
 /// An image reference: not empty, no spaces or control characters.
@@ -508,5 +525,30 @@ mod tests {
         assert!(Cli::try_parse_from(["drafs", "copy-self", "--to", "/x", "--from-file", "f"]).is_err());
         assert!(Cli::try_parse_from(["drafs", "get", "--from-file", "f", "--pod-name", "p"]).is_ok());
         assert!(Cli::try_parse_from(["drafs", "probe", "--log-format", "json"]).is_ok());
+    }
+
+    /// The commands that name or recognize mode csi's volume take the driver's name, checked as `node` checks its own.
+    #[test]
+    fn csi_driver_flags_parse_like_the_nodes_driver_name() {
+        let driver = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Inject(a)) => Ok(a.csi.csi_driver),
+            Ok(Command::Webhook(a)) => Ok(a.csi.csi_driver),
+            Ok(Command::Check(a)) => Ok(a.csi.csi_driver),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(driver(&["drafs", "inject"]), Ok("drafs.dev".into()));
+        assert_eq!(driver(&["drafs", "inject", "--csi-driver", "node.drafs.example"]), Ok("node.drafs.example".into()));
+        assert_eq!(
+            driver(&["drafs", "webhook", "--image", "i", "--csi-driver=node.drafs.example", "--namespace-mode", "csi"]),
+            Ok("node.drafs.example".into())
+        );
+        assert_eq!(driver(&["drafs", "check", "--csi-driver", "node.drafs.example"]), Ok("node.drafs.example".into()));
+        for bad in ["Drafs.dev", "drafs_dev", "-drafs.dev"] {
+            for command in ["inject", "check"] {
+                let err = driver(&["drafs", command, &format!("--csi-driver={bad}")]).unwrap_err();
+                assert!(err.contains("is not a CSI driver name"), "{command} {bad}: {err}");
+            }
+        }
     }
 }

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use crate::admission::inject;
 use crate::cmd::Failure;
 use crate::cmd::cli::InjectArgs;
+use crate::model::tree::require_at_publish;
 
 #[derive(Debug)]
 pub struct Config {
@@ -23,6 +24,7 @@ impl Config {
         options.dir = args.dir.clone();
         options.require = args.require.clone();
         options.timeout = args.timeout;
+        options.csi_driver = args.csi.csi_driver.clone();
         if args.ready_when_healthy && inject::Mode::from(args.mode) == inject::Mode::Init {
             return Err(Failure::Usage(
                 "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),
@@ -42,6 +44,8 @@ impl Config {
                     "{flag} is for a drafs container; --mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
                 )));
             }
+            // drafs node would refuse every publish of such a volume: the pod would never start.
+            require_at_publish(&options.require).map_err(|e| Failure::Usage(format!("--require {e}")))?;
         }
         if let Some(m) = &args.metadata_dir {
             inject::check_metadata_dir(m, &options.dir)

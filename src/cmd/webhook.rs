@@ -17,6 +17,7 @@ pub fn config(args: &WebhookArgs) -> Config {
         drain: args.drain,
         dns_names: args.dns_names.clone(),
         namespace_mode: args.namespace_mode.into(),
+        csi_driver: args.csi.csi_driver.clone(),
     }
 }
 

@@ -27,6 +27,11 @@ pub enum TreeError {
         "--require {0:?} must be CLAIM/REQUEST/INDEX/ATTRIBUTE (e.g. gpu/gpu/0/uuid) or, for an extended resource, DOMAIN/RESOURCE/CONTAINER/INDEX/ATTRIBUTE (e.g. gpu.example.com/gpu/app/0/uuid)"
     )]
     BadRequire(String),
+    /// Said by `drafs node` at publish and by `inject`/the webhook before: one message.
+    #[error(
+        "{0} is a value the driver reports when it prepares the device, after the volume is published; it cannot be required at publish time (read it when it appears, or require it in an init container)"
+    )]
+    KnownAfterPrepare(String),
 }
 
 /// A complete tree: file paths (`/`-separated, relative) to contents.
@@ -135,6 +140,26 @@ impl std::fmt::Display for RequirePath {
 impl RequirePath {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether it names a value that exists only once the kubelet prepared
+    /// the device (the claim's `status.devices`, the health the kubelet reports):
+    /// the kubelet prepares after it publishes a CSI volume, so requiring one
+    /// there would keep the publish, and so the pod, waiting forever.
+    pub fn known_after_prepare(&self) -> bool {
+        self.0
+            .split('/')
+            .any(|part| part == layout::STATUS_DIR || part == layout::HEALTH || part == layout::HEALTH_MESSAGE)
+    }
+}
+
+/// Whether a CSI volume may require all of `paths` (see
+/// [`RequirePath::known_after_prepare`]); the first it may not, as the error
+/// `drafs node` refuses its publish with, so that admission refuses it first.
+pub fn require_at_publish(paths: &[RequirePath]) -> Result<(), TreeError> {
+    match paths.iter().find(|p| p.known_after_prepare()) {
+        Some(p) => Err(TreeError::KnownAfterPrepare(p.to_string())),
+        None => Ok(()),
     }
 }
 
@@ -444,6 +469,27 @@ mod tests {
         for bad in ["gpu/gpu/uuid", "gpu/../0/x", "gpu/gpu/x/uuid"] {
             assert!(bad.parse::<RequirePath>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_what_the_scheduler_decided_can_be_required_at_publish() {
+        let paths = |list: &[&str]| list.iter().map(|p| p.parse::<RequirePath>().unwrap()).collect::<Vec<_>>();
+        let known = paths(&["gpu/gpu/0/uuid", "gpu/gpu/0/.capacity/memory", "gpu.example.com/gpu/app/0/.device"]);
+        assert_eq!(require_at_publish(&known), Ok(()));
+        for prepared in [
+            "nic/nic/0/.status/interfaceName",
+            "mig/mig/0/.status/data.d/uuid",
+            "gpu/gpu/0/.health",
+            "gpu/gpu/0/.healthMessage",
+        ] {
+            let mut list = known.clone();
+            list.extend(paths(&[prepared, "nic/nic/0/.status/ips"]));
+            let err = require_at_publish(&list).unwrap_err();
+            assert_eq!(err, TreeError::KnownAfterPrepare(prepared.into()), "the first that cannot be met");
+            assert!(err.to_string().starts_with(&format!("{prepared} is a value the driver reports when it prepares")));
+        }
+        // An attribute merely named like one of drafs's files is the driver's own.
+        assert_eq!(require_at_publish(&paths(&["gpu/gpu/0/statusText", "gpu/gpu/0/health.example.com/x"])), Ok(()));
     }
 
     /// One GPU with attributes and capacity, allocated whole.

@@ -79,9 +79,7 @@ pub enum RequestError {
     UnknownOption(String),
     #[error("volume attribute `require`: {0}")]
     Require(String),
-    #[error(
-        "volume attribute `require`: {0} is a value the driver reports when it prepares the device, after the volume is published; it cannot be required at publish time (read it when it appears, or require it in an init container)"
-    )]
+    #[error("volume attribute `require`: {}", crate::model::tree::TreeError::KnownAfterPrepare(.0.clone()))]
     RequirePrepared(String),
 }
 
@@ -178,7 +176,7 @@ fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath
                     .iter()
                     .map(|p| p.parse::<RequirePath>().map_err(|e| RequestError::Require(e.to_string())))
                     .collect::<Result<_, _>>()?;
-                if let Some(p) = require.iter().find(|p| known_after_prepare(p)) {
+                if let Some(p) = require.iter().find(|p| p.known_after_prepare()) {
                     return Err(RequestError::RequirePrepared(p.to_string()));
                 }
             }
@@ -187,15 +185,6 @@ fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath
         }
     }
     Ok((Selection { claims }, require))
-}
-
-/// Whether a path names a value that exists only once the kubelet prepared
-/// the device (the claim's `status.devices`, the health the kubelet reports):
-/// the kubelet prepares after it publishes, so requiring one would keep the
-/// publish, and so the pod, waiting forever.
-fn known_after_prepare(path: &RequirePath) -> bool {
-    use crate::model::layout::{HEALTH, HEALTH_MESSAGE, STATUS_DIR};
-    path.as_str().split('/').any(|part| part == STATUS_DIR || part == HEALTH || part == HEALTH_MESSAGE)
 }
 
 #[cfg(test)]

@@ -253,6 +253,10 @@ pub(super) mod tests {
         };
         assert_eq!(only(json!(["webhook", "--namespace-mode=sidecar-files"]), json!([])), Some(Mode::SidecarFiles));
         assert_eq!(only(json!(["webhook", "--namespace-mode", "sidecar-fuse"]), json!([])), Some(Mode::SidecarFuse));
+        assert_eq!(
+            only(json!(["webhook", "--namespace-mode=csi", "--csi-driver=x.example"]), json!([])),
+            Some(Mode::Csi)
+        );
         let env = json!([{"name": "DRAFS_NAMESPACE_MODE", "value": "sidecar-files"}]);
         assert_eq!(only(json!(["webhook"]), env.clone()), Some(Mode::SidecarFiles));
         assert_eq!(only(json!(["webhook", "--namespace-mode=init"]), env), Some(Mode::Init), "the flag wins");

@@ -161,12 +161,14 @@ fn labels_of(object: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The injection check for an existing pod: does it run drafs, and if not, why not.
+/// The injection check for an existing pod: does it run drafs, and if not,
+/// why not. `csi_driver`: the driver a drafs volume names (mode csi).
 pub fn pod_injection(
     configurations: &[MutatingWebhookConfiguration],
     namespace_labels: &BTreeMap<String, String>,
     pod: &Value,
     namespace_mode: Option<Mode>,
+    csi_driver: &str,
 ) -> Check {
     let mode = namespace_mode.unwrap_or(Mode::Init);
     let labels = labels_of(pod);
@@ -180,7 +182,7 @@ pub fn pod_injection(
     if let Injection::Sent { entry, .. } = &outcome {
         details["entry"] = json!(entry);
     }
-    if let Some(volume) = inject::csi_volume_of(&pod["spec"]) {
+    if let Some(volume) = inject::csi_volume_of(&pod["spec"], csi_driver) {
         details["injected"] = json!(true);
         details["mode"] = json!(Mode::Csi.label());
         return Check::new(
@@ -322,14 +324,14 @@ mod tests {
     fn a_pod_says_why_it_has_or_lacks_drafs() {
         let configs = shipped();
         let plain = namespace_labels("ml", None);
-        let check = |p: &Value| pod_injection(&configs, &plain, p, Some(Mode::Init));
+        let check = |p: &Value| pod_injection(&configs, &plain, p, Some(Mode::Init), "drafs.dev");
         let c = check(&pod(json!({INJECT_LABEL: "disabled"}), true, None));
         assert_eq!(
             (c.status, c.message.as_str()),
             (Status::Fail, "not injected: the pod opted out with label drafs.dev/inject=disabled")
         );
         let opted = namespace_labels("ml", Some(&labels(&[(INJECT_LABEL, "enabled")])));
-        let c = pod_injection(&configs, &opted, &pod(json!({INJECT_LABEL: "disabled"}), true, None), None);
+        let c = pod_injection(&configs, &opted, &pod(json!({INJECT_LABEL: "disabled"}), true, None), None, "drafs.dev");
         assert_eq!(c.message, "not injected: the pod opted out with label drafs.dev/inject=disabled");
         let c = check(&pod(json!({}), false, None));
         assert!(c.message.contains("asks for no device"), "{}", c.message);
@@ -357,5 +359,19 @@ mod tests {
             c.message
         );
         assert_eq!(c.details["mode"], "sidecar-files");
+    }
+
+    /// A pod's drafs volume is known by the driver the chart installed (`--csi-driver`).
+    #[test]
+    fn a_csi_pod_is_known_by_the_driver_it_names() {
+        let configs = shipped();
+        let plain = namespace_labels("ml", None);
+        let mut p = pod(json!({INJECT_LABEL: "csi"}), true, None);
+        p["spec"]["volumes"] = json!([{"name": "devices", "csi": {"driver": "node.drafs.example", "readOnly": true}}]);
+        let c = pod_injection(&configs, &plain, &p, None, "node.drafs.example");
+        assert_eq!((c.status, &c.details["mode"]), (Status::Ok, &json!("csi")), "{}", c.message);
+        assert!(c.message.starts_with("injected, mode csi: volume devices is served by drafs node"), "{}", c.message);
+        let c = pod_injection(&configs, &plain, &p, None, "drafs.dev");
+        assert_eq!((c.status, &c.details["injected"]), (Status::Fail, &json!(false)), "{}", c.message);
     }
 }

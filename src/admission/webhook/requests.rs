@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 use super::{MAX_BODY, REVIEW_TIMEOUT, SMALL_BODY, State};
 use crate::admission::contain::contain;
 use crate::admission::decision;
-use crate::admission::policy::OptIn;
+use crate::admission::policy::{Defaults, OptIn};
 use crate::publish::metrics::Exposition;
 
 /// A large review to decide, with what to do with the answer.
@@ -131,8 +131,8 @@ type Answer = (StatusCode, &'static str, Bytes, &'static str);
 /// The answer to one review body. A panic while deciding it (a bug) fails
 /// this review alone: 500, counted as verdict `panicked`, and the webhook
 /// keeps serving the others.
-fn answer(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
-    contained(|| decide(body, image, opt_in))
+fn answer(body: &[u8], defaults: &Defaults, opt_in: OptIn) -> Answer {
+    contained(|| decide(body, defaults, opt_in))
 }
 
 fn contained(decide: impl FnOnce() -> Answer) -> Answer {
@@ -142,7 +142,7 @@ fn contained(decide: impl FnOnce() -> Answer) -> Answer {
     })
 }
 
-fn decide(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
+fn decide(body: &[u8], defaults: &Defaults, opt_in: OptIn) -> Answer {
     // Debug builds only (the tests' binary): a review holding the bytes of
     // DRAFS_TEST_PANIC_ON panics, to show that the panic stays contained.
     #[cfg(debug_assertions)]
@@ -151,7 +151,7 @@ fn decide(body: &[u8], image: &str, opt_in: OptIn) -> Answer {
     {
         panic!("DRAFS_TEST_PANIC_ON matched this review");
     }
-    match decision::review(body, image, opt_in) {
+    match decision::review(body, defaults, opt_in) {
         Ok((answer, verdict)) => {
             if let decision::Verdict::Denied { message } = &verdict {
                 info!("denied: {message}");
@@ -186,13 +186,13 @@ async fn mutate(
     };
     state.slots().set_busy(id, true, Instant::now());
     let (code, content_type, bytes, verdict) = match permit {
-        None => answer(&body, &state.image, opt_in),
+        None => answer(&body, &state.defaults, opt_in),
         Some(permit) => {
             info!(bytes = body.len(), "large review: deciding it on the large-review thread");
-            let image = state.image.clone();
+            let defaults = state.defaults.clone();
             let (done, decided) = tokio::sync::oneshot::channel();
             let job: LargeJob = Box::new(move || {
-                let _ = done.send(answer(&body, &image, opt_in));
+                let _ = done.send(answer(&body, &defaults, opt_in));
                 // The permit goes when the review's memory has been freed.
                 drop(body);
                 drop(permit);
