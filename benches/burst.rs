@@ -24,15 +24,6 @@ const BURST: Duration = Duration::from_millis(400);
 /// Long enough for a binary that writes every change (the figures before coalescing).
 const LIMIT: Duration = Duration::from_secs(600);
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// A bare watch of the node's slices on the test server, read on a thread:
 /// when the event holding `marker` arrived (what the server's own streaming
 /// takes, to tell apart from what drafs takes).
@@ -110,7 +101,7 @@ fn burst(backend: &str, dir: &Path, log: &Path) -> Row {
     });
     // The FUSE server, not the supervisor that `serve --backend fuse` forks it from.
     let pid = if backend == "fuse" { fuse_server_of(child.id()).expect("the FUSE server") as u32 } else { child.id() };
-    let rss_before = status_kib(pid, "VmRSS:");
+    let rss_before = proc_status_kib(pid, "VmRSS:");
     let before = tree_updates(&addr);
     let cpu_before = cpu_time(pid);
     let changes: Vec<_> = (1..=CHANGES).map(eight_device_slice_object).collect();
@@ -133,7 +124,7 @@ fn burst(backend: &str, dir: &Path, log: &Path) -> Row {
     let delivered_after = watcher.join().unwrap().duration_since(start).saturating_sub(burst);
     let writes = tree_updates(&addr) - before;
     let cpu = cpu_time(pid) - cpu_before;
-    let peak = status_kib(pid, "VmHWM:");
+    let peak = proc_status_kib(pid, "VmHWM:");
     let _ = child.kill();
     let _ = child.wait();
     if backend == "fuse" {

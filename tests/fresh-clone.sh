@@ -6,12 +6,14 @@
 # module caches, the tiers' caches under XDG_CACHE_HOME), printing how long
 # each took. Debian packages already installed stay installed.
 #
-#   tests/fresh-clone.sh [SCRATCH]   (default /tmp/drafs-fresh, emptied first)
+#   tests/fresh-clone.sh [SCRATCH]      (default /tmp/drafs-fresh, emptied first)
+#   tests/fresh-clone.sh SCRATCH ci     the whole of .ci/run instead, timed (CI's 90 minutes)
 #
 # Its logs stay in SCRATCH (nextest.log, setup.log, suite.log).
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 scratch=${1:-/tmp/drafs-fresh}
+what=${2:-readme}
 rm -rf "$scratch"
 mkdir -p "$scratch"
 git clone -q "$here" "$scratch/drafs"
@@ -19,8 +21,11 @@ cd "$scratch/drafs"
 
 # A PATH without the cargo-nextest already installed here (cargo finds
 # subcommands on PATH), with the toolchain's cargo and rustc.
+# rustup stays reachable (CI adds the arm64 target with it) by a link of its own.
 toolchain=$(dirname "$(rustup which cargo 2>/dev/null || command -v cargo)")
-path=$scratch/cargo-home/bin:$toolchain
+mkdir -p "$scratch/bin"
+if command -v rustup >/dev/null; then ln -s "$(command -v rustup)" "$scratch/bin/rustup"; fi
+path=$scratch/cargo-home/bin:$scratch/bin:$toolchain
 IFS=: read -ra dirs <<<"$PATH"
 for d in "${dirs[@]}"; do
     [ -x "$d/cargo-nextest" ] || path=$path:$d
@@ -43,6 +48,13 @@ mapfile -t commands < <(awk '/^```sh$/ { inside = 1; next } inside && /^```$/ { 
 [ ${#commands[@]} = 4 ] || { echo "fresh-clone.sh: the README's sh block has ${#commands[@]} commands, not 4" >&2; exit 2; }
 start=$SECONDS
 echo "fresh clone of $(git rev-parse --short HEAD) in $scratch, $(nproc) cores"
+if [ "$what" = ci ]; then
+    step .ci/run ci.log .ci/run
+    rc=$?
+    grep '^CI: ' "$scratch/ci.log"
+    echo "fresh clone through .ci/run: $((SECONDS - start)) s (exit $rc)"
+    exit $rc
+fi
 step "${commands[0]}" nextest.log bash -c "${commands[0]}"
 step "${commands[1]}" setup.log bash -c "${commands[1]}"
 step "${commands[3]}" suite.log bash -c "${commands[3]}"

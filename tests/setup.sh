@@ -2,8 +2,9 @@
 # Everything the tests need on a fresh machine with Rust stable and Go 1.26+
 # (the README's second set-up command; .ci/run calls it too):
 #   - Debian packages, when missing and we are root: openssl (certificates),
-#     util-linux (unshare, nsenter), buildah, musl-tools and binutils (the
-#     image), jq (the kubevirt-launcher example), and for the real node runc,
+#     util-linux (unshare, nsenter), buildah, musl-tools, binutils,
+#     gcc-aarch64-linux-gnu and qemu-user-static (the image, amd64 and arm64),
+#     jq (the kubevirt-launcher example), and for the real node runc,
 #     the CNI plugins, busybox and iproute2;
 #   - the Rust build of drafs;
 #   - the Kubernetes components, etcd, containerd, helm and the DRA test
@@ -28,6 +29,9 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The image's second platform: arm64's linker, and qemu-user to run it here.
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         echo "setup: install these Debian packages (or their equivalents) first: ${need[*]}" >&2
@@ -48,7 +52,7 @@ tests/go/build.sh >"$go_out" &
 go_build=$!
 cargo build --all-targets
 # The shipped image (tests/node/images.sh below finds it built).
-image/build.sh drafs:realnode >/dev/null
+DRAFS_PLATFORMS=$(tests/node/platform.sh) image/build.sh drafs:realnode >/dev/null
 echo "setup: drafs and its image built after $((SECONDS - start)) s" >&2
 wait "$go_build" || { echo "setup: tests/go/build.sh failed" >&2; exit 1; }
 bin=$(tail -n 1 "$go_out")

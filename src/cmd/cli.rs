@@ -14,8 +14,19 @@ pub use crate::model::names::{parse_driver_name, parse_duration};
 use crate::model::tree::RequirePath;
 use crate::publish::events::EventsMode;
 
+/// What `drafs --version` says: the version of Cargo.toml (the release's,
+/// the chart's and the image tag's), and the commit when the build was told
+/// it (`image/build.sh` sets `DRAFS_REVISION`).
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| match option_env!("DRAFS_REVISION") {
+        Some(revision) if !revision.is_empty() => format!("{} ({revision})", env!("CARGO_PKG_VERSION")),
+        _ => env!("CARGO_PKG_VERSION").to_string(),
+    })
+}
+
 #[derive(Debug, Parser)]
-#[command(name = "drafs", version, about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
+#[command(name = "drafs", version = version(), about = "The attributes of a pod's DRA-allocated devices, as files", long_about = None)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -111,7 +122,7 @@ pub struct NodeArgs {
     pub max_pods: u32,
     /// The largest tmpfs of a volume: its tree, the next one while it is swapped in, and the
     /// superseded ones kept for readers still inside them. A tree that outgrows it is refused.
-    #[arg(long, env = "DRAFS_VOLUME_SIZE", default_value = "4Mi", value_name = "SIZE", value_parser = crate::model::names::parse_size)]
+    #[arg(long, env = "DRAFS_VOLUME_SIZE", default_value = "8Mi", value_name = "SIZE", value_parser = crate::model::names::parse_size)]
     pub volume_size: u64,
     /// The most files, directories and links a volume's tmpfs holds (as --volume-size, in inodes).
     #[arg(long, env = "DRAFS_VOLUME_INODES", default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u64).range(64..=1_000_000))]
@@ -358,6 +369,10 @@ pub struct OutputArgs {
     /// all (also a Normal event once ready, one more request), or none. Needs the optional events Role.
     #[arg(long, env = "DRAFS_EVENTS", value_enum, default_value_t = EventsArg::Warnings, value_name = "WHICH")]
     pub events: EventsArg,
+    /// serve: how long the tree keeps the devices of a pool whose ResourceSlices are all gone (a
+    /// kubelet starting deletes its node's slices until each driver publishes them again); 0s: at once.
+    #[arg(long, env = "DRAFS_POOL_GRACE", default_value = "90s", value_name = "DURATION", value_parser = parse_duration)]
+    pub pool_grace: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -68,6 +68,7 @@ impl Output {
             metrics_addr: args.metrics_addr,
             events: args.events.into(),
             turns: None,
+            pool_grace: args.pool_grace,
         };
         Ok(Output { publishing, termination_log: args.termination_log.clone() })
     }

@@ -12,6 +12,7 @@ use crate::cmd::cli::NodeArgs;
 use crate::cmd::{Failure, Stop};
 use crate::engine::shared::SharedSlices;
 use crate::node::agent::{self, Health, OwnSocket};
+use crate::node::credential::pooled_client;
 use crate::node::csi::Service;
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
@@ -68,13 +69,11 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Usage(format!("cannot find the API server (in-cluster or kubeconfig): {e}")))?;
     // The agent's own account reads the node's slices, once for every volume.
-    let own = kube::Client::try_from(cluster.clone())
-        .map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
+    let own = pooled_client(&cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
     let slices = SharedSlices::new(own);
     // Every pod's reads go through one client without credentials: each carries its pod's token.
     cluster.auth_info = kube::config::AuthInfo::default();
-    let shared =
-        kube::Client::try_from(cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
+    let shared = pooled_client(&cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
     let node_metrics = Arc::new(NodeMetrics::default());
     let timing = c.timing;
     let volumes = Volumes::new(

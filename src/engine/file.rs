@@ -83,7 +83,7 @@ impl Feed for FileFeed {
                     self.answers.push_back(Input::Listed { scope, items, resource_version: "0".into(), decoded_with });
                 }
                 // Nothing in a file changes.
-                Action::Watch { .. } => {}
+                Action::Watch { .. } | Action::Recheck { .. } => {}
                 Action::Filter(filter) => self.filter = filter,
             }
         }

@@ -133,6 +133,8 @@ pub enum Input {
         error: ApiError,
     },
     Deadline,
+    /// The time asked for by [`Action::Recheck`] has come.
+    Recheck,
 }
 
 /// What the engine should do next.
@@ -152,6 +154,10 @@ pub enum Action {
     },
     /// Decode slices with this filter from now on.
     Filter(DeviceFilter),
+    /// Resolve again after this long, inputs or not ([`Input::Recheck`]).
+    Recheck {
+        after: Duration,
+    },
 }
 
 /// The outcome of one input.
@@ -231,7 +237,17 @@ pub struct Reconciler {
     fixed: Option<String>,
     /// The uid of the pod served, when the caller knows it (the node agent).
     expected_uid: Option<String>,
+    /// Since when a ready tree's devices are missing only because their
+    /// pools are gone, and the tree is kept (for `pool_grace`).
+    holding_since: Option<Instant>,
+    pool_grace: Duration,
 }
+
+/// How long a served tree outlives the pools of its devices. Starting, a
+/// kubelet deletes every ResourceSlice of its node, and each driver publishes
+/// its pools again only after its slice controller's sync delay (30 s by
+/// default): the devices, still allocated to the pod, have not changed.
+pub const VANISHED_POOL_GRACE: Duration = Duration::from_secs(90);
 
 /// Distinct warnings remembered by [`Warned`].
 const WARNED_MAX: usize = 1024;
@@ -301,6 +317,8 @@ impl Reconciler {
             unsettled: false,
             fixed: None,
             expected_uid: None,
+            holding_since: None,
+            pool_grace: VANISHED_POOL_GRACE,
         }
     }
 
@@ -308,6 +326,12 @@ impl Reconciler {
     /// one pod; another of the same name is refused).
     pub fn expecting_uid(mut self, uid: Option<String>) -> Self {
         self.expected_uid = uid;
+        self
+    }
+
+    /// Keep a followed tree this long when its devices' pools are gone.
+    pub fn keeping_gone_pools_for(mut self, grace: Duration) -> Self {
+        self.pool_grace = grace;
         self
     }
 
@@ -458,6 +482,7 @@ impl Reconciler {
                     return false;
                 }
             }
+            Input::Recheck => {}
         }
         true
     }
@@ -826,6 +851,10 @@ impl Reconciler {
     /// what the mode follows: `init` what is missing, `serve` everything.
     fn conclude(&mut self, now: Instant, res: Resolution, built: BuiltTree, step: &mut Step) {
         let ready = built.is_ready();
+        if self.holding(now, ready, &res, step) {
+            self.watch_every_scope(step);
+            return;
+        }
         let missing_changed = built.missing != self.last_missing;
         let tree_changed = self.published.as_ref() != Some(&built.tree);
         step.transition = change(self.phase, ready, missing_changed, tree_changed).map(|c| match c {
@@ -850,10 +879,49 @@ impl Reconciler {
             self.published = Some(built.tree.clone());
             step.publish = Some(Publication { resolution: res, built });
         }
+        self.watch_every_scope(step);
+    }
+
+    fn watch_every_scope(&mut self, step: &mut Step) {
         let scopes: Vec<Scope> = self.store.scopes().cloned().collect();
         for scope in scopes {
             self.watch(&scope, step);
         }
+    }
+
+    /// Keep the ready tree served (publish nothing, change no phase) while
+    /// what it lacks now is only devices whose pools are gone, for at most
+    /// the pool grace; then the loss is published as any other.
+    fn holding(&mut self, now: Instant, ready: bool, res: &Resolution, step: &mut Step) -> bool {
+        let pools_gone = self.mode == Mode::Follow
+            && !self.pool_grace.is_zero()
+            && self.phase == Phase::Ready
+            && !ready
+            && !res.missing.is_empty()
+            && res.missing.iter().all(|m| matches!(m, Missing::Device { pool_gone: true, .. }));
+        if !pools_gone {
+            self.holding_since = None;
+            return false;
+        }
+        let grace = self.pool_grace;
+        let since = *self.holding_since.get_or_insert_with(|| {
+            step.actions.push(Action::Recheck { after: grace });
+            let pools: BTreeSet<String> = res
+                .missing
+                .iter()
+                .filter_map(|m| match m {
+                    Missing::Device { driver, pool, .. } => Some(format!("{driver}/{pool}")),
+                    _ => None,
+                })
+                .collect();
+            step.warnings.push(format!(
+                "no ResourceSlice publishes pool {} any more: the tree is kept for up to {} s while the driver publishes it again",
+                pools.into_iter().collect::<Vec<_>>().join(", "),
+                grace.as_secs()
+            ));
+            now
+        });
+        now.saturating_duration_since(since) < grace
     }
 
     /// `init` waits by watching only the scopes that can bring what is missing.
@@ -1147,7 +1215,8 @@ mod tests {
         let step =
             r.handle(t0(), Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 1, &[("g0", "B")]) });
         assert!(step.publish.is_none() && step.transition.is_none());
-        // The slice goes: first the driver's unbound slices are looked at, then the values are lost.
+        // The slice goes: first the driver's unbound slices are looked at,
+        // then the tree is kept while the pool may come back, then the values are lost.
         let step = r.handle(
             t0(),
             Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: Some("11".into()) },
@@ -1157,8 +1226,11 @@ mod tests {
         assert!(step.transition.is_none());
         let filter = r.filter.clone().unwrap();
         let step = r.handle(t0(), listed(driver.clone(), vec![], Some(&filter)));
-        assert!(matches!(&step.transition, Some(Transition::Lost { missing }) if !missing.is_empty()));
+        assert!(step.transition.is_none() && step.publish.is_none(), "kept while its pool may come back");
+        assert!(step.actions.contains(&Action::Recheck { after: VANISHED_POOL_GRACE }));
         assert_eq!(watches(&step), vec![driver], "the new scope is followed too");
+        let step = r.handle(t0() + VANISHED_POOL_GRACE, Input::Recheck);
+        assert!(matches!(&step.transition, Some(Transition::Lost { missing }) if !missing.is_empty()));
         assert_eq!(r.phase(), Phase::Degraded);
         let step =
             r.handle(t0(), Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 2, &[("g0", "C")]) });
@@ -1175,6 +1247,51 @@ mod tests {
         assert!(watches(&step).is_empty(), "no watch while the relist runs");
         // After ready, the deadline no longer applies.
         assert!(r.handle(t0(), Input::Deadline).done.is_none());
+    }
+
+    /// A kubelet starting deletes its node's slices; the driver publishes
+    /// them again a while later: the tree served meanwhile is the last one,
+    /// whole, and what changed while the pool was gone shows once it is back.
+    #[test]
+    fn a_pool_gone_for_a_while_keeps_the_tree_and_one_the_driver_changed_does_not() {
+        let mut r = Reconciler::new(Mode::Follow, pod_ref(), Selection::default(), vec![]);
+        let driver = Scope::DriverSlices("gpu.example.com".into());
+        first_reads(&mut r, &["g0"], vec![slice("s", Some("n1"), 1, &[("g0", "A")])]);
+        r.handle(t0(), Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: None });
+        let filter = r.filter.clone().unwrap();
+        let step = r.handle(t0(), listed(driver.clone(), vec![], Some(&filter)));
+        assert!(step.publish.is_none() && step.transition.is_none());
+        assert!(
+            step.warnings.iter().any(|w| w.contains("gpu.example.com/n1") && w.contains("kept")),
+            "{:?}",
+            step.warnings
+        );
+        assert_eq!(r.phase(), Phase::Ready);
+        // Back before the grace ends, changed: published as an update, the loss never shown.
+        let later = t0() + VANISHED_POOL_GRACE / 2;
+        let step =
+            r.handle(later, Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 2, &[("g0", "B")]) });
+        assert_eq!(step.transition, Some(Transition::Updated));
+        assert_eq!(uuid(step.publish.as_ref().unwrap()), "B");
+        // The recheck asked for then finds nothing to do.
+        let step = r.handle(t0() + VANISHED_POOL_GRACE, Input::Recheck);
+        assert!(step.publish.is_none() && step.transition.is_none());
+        // Gone a second time: a new grace from then, not what is left of the first.
+        let again = t0() + VANISHED_POOL_GRACE * 2;
+        let step = r.handle(again, Input::Deleted { scope: node_scope(), name: "s".into(), resource_version: None });
+        assert!(step.transition.is_none() && step.actions.contains(&Action::Recheck { after: VANISHED_POOL_GRACE }));
+        let step = r.handle(again + VANISHED_POOL_GRACE / 2, Input::Recheck);
+        assert!(step.transition.is_none(), "still within the second grace");
+        // A pool that is there and no longer lists the device: lost at once.
+        let step = r.handle(
+            again + VANISHED_POOL_GRACE / 2,
+            Input::Applied { scope: node_scope(), item: slice("s", Some("n1"), 3, &[("g1", "C")]) },
+        );
+        assert!(
+            matches!(&step.transition, Some(Transition::Lost { missing }) if missing[0].contains("does not list it")),
+            "{:?}",
+            step.transition
+        );
     }
 
     /// The pod as fetched at resource version `rv`, with the kubelet's health of g0.

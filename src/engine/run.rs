@@ -96,6 +96,9 @@ pub struct Publishing {
     /// (the node agent's volume, whose runs take turns on one tree); None:
     /// the run takes the lock itself.
     pub turns: Option<Arc<DirTurns>>,
+    /// How long a followed tree outlives the pools of its devices
+    /// ([`crate::engine::reconcile::VANISHED_POOL_GRACE`] by default).
+    pub pool_grace: Duration,
 }
 
 /// Why a run could not start, or ended without a result.
@@ -242,7 +245,10 @@ impl Run {
                 if let Some(Sharing { slices, polling }) = sharing {
                     engine = engine.with_shared_slices(slices).with_polling(polling);
                 }
-                let reconciler = Reconciler::new(mode, pod, selection, require).expecting_uid(uid);
+                let mut reconciler = Reconciler::new(mode, pod, selection, require).expecting_uid(uid);
+                if let Some((_, _, out)) = &publish {
+                    reconciler = reconciler.keeping_gone_pools_for(out.pool_grace);
+                }
                 (Inputs::Api(engine), reconciler, events)
             }
         };

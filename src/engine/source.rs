@@ -35,6 +35,7 @@ use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
 use crate::engine::reconcile::{Action, Input};
 use crate::engine::shared::{SharedSlices, SliceSet};
 use crate::engine::store::{Item, Scope};
+use crate::model::retained;
 use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
 use crate::publish::call::{CallError, REQUEST_TIMEOUT, bounded};
 use crate::publish::metrics::Metrics;
@@ -56,6 +57,8 @@ pub struct Engine {
     rx: mpsc::Receiver<Input>,
     tasks: HashMap<Scope, JoinHandle<()>>,
     pod_task: Option<JoinHandle<()>>,
+    /// The reconciler asked to look again at a time (a held loss ends).
+    recheck_task: Option<JoinHandle<()>>,
     filter: watch::Sender<Option<DeviceFilter>>,
     deadline: Option<Instant>,
     metrics: Option<Arc<Metrics>>,
@@ -88,7 +91,7 @@ pub struct Polling {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        for task in self.tasks.values().chain(self.pod_task.iter()) {
+        for task in self.tasks.values().chain(self.pod_task.iter()).chain(self.recheck_task.iter()) {
             task.abort();
         }
     }
@@ -103,6 +106,7 @@ impl Engine {
             rx,
             tasks: HashMap::new(),
             pod_task: None,
+            recheck_task: None,
             filter: watch::Sender::new(None),
             deadline,
             metrics: None,
@@ -165,6 +169,16 @@ impl Engine {
                     self.pod_task = Some(tokio::spawn(async move {
                         tokio::time::sleep(after).await;
                         let _ = tx.send(get_pod(&client, &pod, deadline).await).await;
+                    }));
+                }
+                Action::Recheck { after } => {
+                    if let Some(task) = self.recheck_task.take() {
+                        task.abort();
+                    }
+                    let tx = self.tx.clone();
+                    self.recheck_task = Some(tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = tx.send(Input::Recheck).await;
                     }));
                 }
                 Action::List { scope, after } => {
@@ -293,7 +307,9 @@ async fn get_pod(client: &Client, pod: &PodRef, deadline: Option<Instant>) -> In
     match bounded(budget, client.request::<Pod>(request)).await {
         Ok(p) => {
             debug!(pod = %pod.name, "fetched pod");
-            Input::Pod(Box::new(p))
+            // Only what resolution reads, as from a list or a watch: a pod's
+            // annotations or commands must not cost a run (the node agent's runs) its memory.
+            Input::Pod(Box::new(retained::pod(p)))
         }
         Err(e) if e.code() == Some(404) => {
             Input::PodFailed(ApiError::PodNotFound { namespace: pod.namespace.clone(), name: pod.name.clone() })
@@ -348,8 +364,9 @@ impl ScopeContext {
 
     fn decode(&self, raw: &str, filter: &DeviceFilter, node: Option<&str>) -> Result<Option<Item>, serde_json::Error> {
         Ok(match self.scope {
-            Scope::Claim(_) => Some(Item::Claim(Box::new(slices::decode_claim(raw)?))),
-            Scope::Pod(_) => Some(Item::Pod(Box::new(serde_json::from_str(raw)?))),
+            // Only what resolution reads is kept: a tenant's annotations or driver configuration never become our memory.
+            Scope::Claim(_) => Some(Item::Claim(Box::new(retained::claim(slices::decode_claim(raw)?)))),
+            Scope::Pod(_) => Some(Item::Pod(Box::new(retained::pod(serde_json::from_str(raw)?)))),
             Scope::NodeSlices(_) | Scope::DriverSlices(_) => {
                 slices::decode(raw, filter, node)?.map(|s| Item::Slice(Box::new(s)))
             }

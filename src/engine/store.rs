@@ -13,7 +13,8 @@
 //! So when a change leaves a pool's newest generation incomplete, the store
 //! keeps the slices of the generation that was complete before (the versions
 //! the change replaced or deleted), and hands them to the resolver with the
-//! rest until the new generation is complete or the pool has no slice left.
+//! rest until the new generation is complete or the pool has no slice left
+//! (which generation is complete: `model::pools`, the resolver's rule too).
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 use crate::model::objects::Snapshot;
+use crate::model::pools::PoolGenerations;
 
 /// One list/watch: what it selects and which RBAC verb/resource it uses.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -143,19 +145,13 @@ fn pool_of(item: &Item) -> Option<(PoolKey, i64, i64)> {
 
 /// The newest generation of `pool` among `objects` when all its slices are there.
 fn complete_generation(objects: &BTreeMap<String, Item>, pool: &PoolKey) -> Option<i64> {
-    // (generation, slice count, slices seen)
-    let mut newest: Option<(i64, i64, i64)> = None;
+    let mut generations = PoolGenerations::default();
     for (key, generation, count) in objects.values().filter_map(pool_of) {
-        if key != *pool {
-            continue;
+        if key == *pool {
+            generations.add(generation, count);
         }
-        newest = match newest {
-            Some((g, c, seen)) if g == generation => Some((g, c.max(count), seen + 1)),
-            Some((g, ..)) if g > generation => newest,
-            _ => Some((generation, count, 1)),
-        };
     }
-    newest.filter(|(_, count, seen)| seen >= count).map(|(g, ..)| g)
+    generations.newest_complete()
 }
 
 impl ScopeState {

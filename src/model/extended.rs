@@ -9,8 +9,9 @@
 //! devices. The app knows neither the claim's name nor the request's; it knows
 //! its own container's name and the resource it asked for, so the tree puts
 //! those devices at `<resource>/<container>/<index>/` (the resource name is
-//! `<domain>/<name>`, two path components; a domain has a dot and a pod claim
-//! name never does, so the two kinds of entries do not meet).
+//! `<domain>/<name>`, two path components; a domain usually has a dot and a
+//! pod claim name never does, and a dotless domain that is a pod claim's name
+//! is refused, so the two kinds of entries do not meet).
 //!
 //! The scheduler lets a container use devices an init container had before
 //! it (kube-scheduler v1.37 `createResourceRequestAndMappings`): a container
@@ -109,6 +110,9 @@ pub fn of_pod(pod: &Pod, warnings: &mut Vec<String>) -> Option<Result<ExtendedCl
         .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
         .map(|c| c.name.as_str())
         .collect();
+    // A pod claim's directory is `<claim>/`: a domain without a dot may be the same name.
+    let pod_claims: BTreeSet<&str> =
+        spec.into_iter().flat_map(|s| s.resource_claims.iter().flatten()).map(|c| c.name.as_str()).collect();
     let mut requests: Vec<ExtendedRequest> = Vec::new();
     for m in &status.request_mappings {
         let what = format!(
@@ -119,6 +123,8 @@ pub fn of_pod(pod: &Pod, warnings: &mut Vec<String>) -> Option<Result<ExtendedCl
         );
         let problem = if !is_servable_resource(&m.resource_name) {
             Some("the resource name cannot be a path (DOMAIN/NAME)")
+        } else if m.resource_name.split_once('/').is_some_and(|(domain, _)| pod_claims.contains(domain)) {
+            Some("its domain is the name of a pod claim, whose directory it would share")
         } else if !is_dns_label(&m.container_name) {
             Some("the container name is not a DNS label")
         } else if !containers.contains(m.container_name.as_str()) {
@@ -220,6 +226,25 @@ mod tests {
         for expected in ["no such container", "cannot be a path", "not a DNS label", "same mapping twice"] {
             assert!(warnings.iter().any(|w| w.contains(expected)), "{expected}: {warnings:#?}");
         }
+    }
+
+    /// `example/gpu` (Kubernetes accepts a domain without a dot) would share
+    /// `example/` with the pod claim `example`: refused, with a warning.
+    #[test]
+    fn a_dotless_domain_that_is_a_pod_claims_name_is_refused() {
+        let mut p = pod(json!({"extendedResourceClaimStatus": {
+        "resourceClaimName": "p-extended-resources-abcde",
+        "requestMappings": [
+            {"containerName": "app", "resourceName": "example/gpu", "requestName": "container-1-request-0"},
+            {"containerName": "app", "resourceName": "other/gpu", "requestName": "container-1-request-1"},
+        ]}}));
+        p.spec.as_mut().unwrap().resource_claims =
+            Some(vec![serde_json::from_value(json!({"name": "example", "resourceClaimName": "c"})).unwrap()]);
+        let mut warnings = Vec::new();
+        let claim = of_pod(&p, &mut warnings).unwrap().unwrap();
+        assert_eq!(claim.resources().into_iter().collect::<Vec<_>>(), ["other/gpu"]);
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert!(warnings[0].contains("\"example/gpu\"") && warnings[0].contains("pod claim"), "{}", warnings[0]);
     }
 
     #[test]

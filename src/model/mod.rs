@@ -2,7 +2,7 @@
 //! the objects (no I/O, no clock but what a caller passes in).
 //!
 //! Owns: decoding the API's objects (`objects`, `slices`; JSON read as text: `json_text`), resolving a pod's
-//! claims to devices (`resolve`), laying them out as a tree of files (`tree`,
+//! claims to devices (`resolve`, from only what `retained` keeps of the objects; which generation of a pool counts: `pools`), laying them out as a tree of files (`tree`,
 //! `layout`, `names`; a driver's status data as files: `status_data`), the standard KEP-5304 view (`metadata`), the values of
 //! `drafs exec`'s variables (`envvars`), and the small vocabulary the layers
 //! above share: which pod ([`PodRef`]), what a run publishes
@@ -19,8 +19,10 @@ pub mod layout;
 pub mod metadata;
 pub mod names;
 pub mod objects;
+pub mod pools;
 pub mod publication;
 pub mod resolve;
+pub mod retained;
 pub mod slices;
 pub mod status_data;
 pub mod tree;

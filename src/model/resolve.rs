@@ -18,6 +18,7 @@ use crate::model::extended::{self, ExtendedClaim};
 use crate::model::health::{self, Health};
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
+use crate::model::pools::{GenerationSeen, PoolGenerations};
 use crate::model::status_data::{self, RawData};
 
 /// Which pod claims to resolve; empty means all of them.
@@ -229,6 +230,10 @@ pub enum Missing {
         pool: String,
         device: String,
         detail: String,
+        /// No slice of the pool is there at all (a kubelet starting wipes its
+        /// node's slices until each driver publishes them again), as opposed
+        /// to a pool that is there and does not list the device.
+        pool_gone: bool,
     },
     Invalid {
         what: String,
@@ -267,7 +272,7 @@ impl std::fmt::Display for Missing {
             Missing::ClaimNotAllocated { pod_claim, claim_name } => {
                 write!(f, "{}: ResourceClaim {claim_name} is not allocated yet", subject(pod_claim))
             }
-            Missing::Device { pod_claim, request, index, driver, pool, device, detail } => write!(
+            Missing::Device { pod_claim, request, index, driver, pool, device, detail, .. } => write!(
                 f,
                 "{}, request {request}, device {index}: {driver}/{pool}/{device} not published: {detail}",
                 subject(pod_claim)
@@ -416,8 +421,8 @@ struct Generation<'a> {
 }
 
 impl Generation<'_> {
-    fn is_complete(&self) -> bool {
-        self.slices.len() as i64 >= self.slice_count
+    fn seen(&self) -> GenerationSeen {
+        GenerationSeen { slices: self.slices.len(), slice_count: self.slice_count }
     }
 }
 
@@ -435,11 +440,7 @@ struct SliceIndex<'a> {
 impl<'a> SliceIndex<'a> {
     /// Pools as the scheduler sees them for `node`: a slice bound to another
     /// node contributes neither devices nor a generation. The generation that
-    /// counts is the newest one; while that one has fewer slices than its
-    /// `resourceSliceCount` (the driver is still publishing it), the newest
-    /// complete one, as the ResourceSlice API asks consumers to wait for the
-    /// driver to finish. With no complete generation, the newest serves the
-    /// devices it lists.
+    /// counts is [`PoolGenerations::in_use`]'s: the newest complete one.
     fn new(snapshot: &'a Snapshot, node: Option<&str>) -> Self {
         let mut all: HashMap<(&str, &str), BTreeMap<i64, Generation>> = HashMap::new();
         for (key, slice) in &snapshot.slices {
@@ -462,9 +463,10 @@ impl<'a> SliceIndex<'a> {
         let pools = all
             .into_iter()
             .filter_map(|(pool, mut generations)| {
-                let (&newest, last) = generations.last_key_value()?;
-                let newest_seen = (newest, last.slices.len(), last.slice_count);
-                let counts = generations.iter().rev().find(|(_, g)| g.is_complete()).map_or(newest, |(n, _)| *n);
+                let seen: PoolGenerations = generations.iter().map(|(g, generation)| (*g, generation.seen())).collect();
+                let (newest, last) = seen.newest()?;
+                let newest_seen = (newest, last.slices, last.slice_count);
+                let counts = seen.in_use()?;
                 let current = generations.remove(&counts)?;
                 let newest = (newest != counts).then_some(newest_seen);
                 Some((pool, PoolView { generation: counts, current, newest }))
@@ -473,15 +475,16 @@ impl<'a> SliceIndex<'a> {
         SliceIndex { pools }
     }
 
-    fn find(&self, driver: &str, pool: &str, device: &str) -> Result<&'a Device, String> {
+    /// The device, or why it is not there and whether its whole pool is gone.
+    fn find(&self, driver: &str, pool: &str, device: &str) -> Result<&'a Device, (String, bool)> {
         let Some(view) = self.pools.get(&(driver, pool)) else {
-            return Err(format!("no ResourceSlice of driver {driver} publishes pool {pool}"));
+            return Err((format!("no ResourceSlice of driver {driver} publishes pool {pool}"), true));
         };
         if let Some(found) = view.current.devices.get(device) {
             return Ok(found);
         }
         let current = &view.current;
-        let mut detail = if current.is_complete() {
+        let mut detail = if current.seen().is_complete() {
             format!("pool {pool} at generation {} does not list it", view.generation)
         } else {
             format!(
@@ -494,7 +497,7 @@ impl<'a> SliceIndex<'a> {
         if let Some((newest, seen, count)) = view.newest {
             detail += &format!(" (generation {newest} is being published: {seen} of {count} ResourceSlices so far)");
         }
-        Err(detail)
+        Err((detail, false))
     }
 }
 
@@ -673,7 +676,7 @@ fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: &PodClaim,
                     device_statuses,
                 ));
             }
-            Err(detail) => out.missing.push(Missing::Device {
+            Err((detail, pool_gone)) => out.missing.push(Missing::Device {
                 pod_claim: name.clone(),
                 request,
                 index: position,
@@ -681,6 +684,7 @@ fn resolve_claim(out: &mut Resolution, index: &SliceIndex, pod_claim: &PodClaim,
                 pool: result.pool.clone(),
                 device: result.device.clone(),
                 detail,
+                pool_gone,
             }),
         }
     }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::header::AUTHORIZATION;
 use http::{HeaderValue, Request, Response};
@@ -55,6 +56,47 @@ impl PodToken {
     fn header(&self) -> HeaderValue {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// Each pooled connection's read buffer at most. hyper's default (about
+/// 400 KiB) is kept by a connection while it idles in the pool: a tenant's
+/// large pod or claim, read once, would leave that much behind per
+/// connection for as long as the pool keeps it. A larger object is read in
+/// more steps.
+const READ_BUFFER: usize = 64 * 1024;
+/// Idle connections kept, and for how long: enough for the next publishes to
+/// reuse, not one for every read a burst of publishes made at once.
+const IDLE_CONNECTIONS: usize = 8;
+const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// The agent's client: as `kube::Client::try_from(config)` (TLS, the
+/// config's credentials and headers, retries of 429/503/504), over a
+/// connection pool whose memory does not grow with what tenants write.
+pub fn pooled_client(config: &kube::Config) -> Result<kube::Client, kube::Error> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    use kube::client::ConfigExt;
+    use kube::client::retry::RetryPolicy;
+    use tower::retry::RetryLayer;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let pool = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http1_max_buf_size(READ_BUFFER)
+        .pool_max_idle_per_host(IDLE_CONNECTIONS)
+        .pool_idle_timeout(IDLE_FOR)
+        .pool_timer(TokioTimer::new())
+        .build(https);
+    let retries = config.default_retry.then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retries)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(pool);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
 /// A client that reads as the pod whose token it carries, through `shared`

@@ -11,7 +11,8 @@
 //! as it is, so the tree stays readable meanwhile.
 //!
 //! One tenant must not cost another its service: a pod gets one volume, the
-//! node serves at most [`Limits::max_pods`] pods, each tmpfs is as large as
+//! node serves at most [`Limits::max_pods`] pods (and no other volume of a pod
+//! whose volume was unpublished: it is being deleted), each tmpfs is as large as
 //! [`Limits::volume`] allows, and no lock is held across slow work for more
 //! than one volume (the node-wide table is held only to look a volume up).
 
@@ -25,7 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::engine::drive::Progress;
-use crate::engine::reconcile::Mode;
+use crate::engine::reconcile::{Mode, VANISHED_POOL_GRACE};
 use crate::engine::run::{Publishing, Run, Sharing, Source, TreeBackend};
 use crate::engine::shared::SharedSlices;
 use crate::engine::source::Polling;
@@ -42,6 +43,11 @@ use crate::publish::files::{DirTurns, Room, WriteError};
 pub const PUBLISH_WAIT: Duration = Duration::from_secs(20);
 /// Longest an unpublish waits for the run to finish a write.
 const STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a pod whose volume was unpublished is remembered: the kubelet
+/// may still be publishing another volume of that pod (it retries the refused
+/// ones until the pod's containers are gone), and that one must not be served
+/// to a pod on its way out. Longer than a publish the kubelet has under way.
+const ENDED_MEMORY: Duration = Duration::from_secs(300);
 
 /// What the node serves at most, whatever its pods ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +125,52 @@ impl Slot {
     }
 }
 
+/// The node-wide table.
+#[derive(Default)]
+struct Table {
+    /// Every published volume, by volume id.
+    slots: HashMap<String, Arc<Slot>>,
+    /// Pods whose volume was unpublished lately, by pod uid.
+    ended: HashMap<String, Ended>,
+}
+
+/// A pod's volume unpublished: no other volume of that pod is served after it.
+struct Ended {
+    volume_id: String,
+    volume_name: String,
+    pod: String,
+    at: Instant,
+}
+
+impl Table {
+    /// Remember that `slot`'s volume was unpublished, forgetting what is older than [`ENDED_MEMORY`].
+    fn ended(&mut self, slot: &Slot, now: Instant) {
+        self.ended.retain(|_, e| now.duration_since(e.at) < ENDED_MEMORY);
+        let ended = Ended {
+            volume_id: slot.volume_id.clone(),
+            volume_name: slot.volume_name(),
+            pod: slot.pod.clone(),
+            at: now,
+        };
+        self.ended.insert(slot.pod_uid.clone(), ended);
+    }
+
+    /// Refuse a new volume of a pod whose volume was unpublished lately.
+    fn refuse_after_end(&mut self, p: &Publish, now: Instant) -> Result<(), Status> {
+        self.ended.retain(|_, e| now.duration_since(e.at) < ENDED_MEMORY);
+        match self.ended.get(&p.pod_uid) {
+            Some(e) if e.volume_id != p.volume_id => Err(Status::new(
+                Code::FailedPrecondition,
+                format!(
+                    "pod {}'s drafs volume ({:?}) was unpublished: the pod is going away, and drafs serves no other volume of it",
+                    e.pod, e.volume_name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Every published volume of this node, by volume id.
 pub struct Volumes<M: Mounts> {
     kubelet_dir: PathBuf,
@@ -131,7 +183,7 @@ pub struct Volumes<M: Mounts> {
     mounts: M,
     metrics: Arc<NodeMetrics>,
     /// Held only to look up, add or remove a slot; never across a wait.
-    slots: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
+    table: std::sync::Mutex<Table>,
 }
 
 impl<M: Mounts> Volumes<M> {
@@ -153,7 +205,7 @@ impl<M: Mounts> Volumes<M> {
             limits,
             mounts,
             metrics,
-            slots: std::sync::Mutex::new(HashMap::new()),
+            table: std::sync::Mutex::new(Table::default()),
         })
     }
 
@@ -161,8 +213,8 @@ impl<M: Mounts> Volumes<M> {
         &self.kubelet_dir
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Publish `p`, waiting at most `wait` for its tree.
@@ -182,7 +234,7 @@ impl<M: Mounts> Volumes<M> {
                         if state.turns.is_none() && state.run.is_none() {
                             // Nothing was made for it: it holds no place.
                             state.gone = true;
-                            self.forget(&slot);
+                            self.forget(&slot, false);
                         }
                         return Err(e);
                     }
@@ -195,9 +247,10 @@ impl<M: Mounts> Volumes<M> {
     }
 
     /// The slot of `p`'s volume: found, or added if the pod has no other
-    /// volume and the node serves fewer than [`Limits::max_pods`] pods.
+    /// volume (now or lately) and the node serves fewer than [`Limits::max_pods`] pods.
     fn slot_for(&self, p: &Publish) -> Result<Arc<Slot>, Status> {
-        let mut slots = self.slots();
+        let mut table = self.table();
+        let slots = &table.slots;
         if let Some(slot) = slots.get(&p.volume_id) {
             if slot.target != p.target {
                 let target = slot.target.display();
@@ -215,6 +268,8 @@ impl<M: Mounts> Volumes<M> {
                 ),
             ));
         }
+        table.refuse_after_end(p, Instant::now())?;
+        let slots = &mut table.slots;
         if slots.len() >= self.limits.max_pods {
             return Err(Status::new(
                 Code::ResourceExhausted,
@@ -236,13 +291,17 @@ impl<M: Mounts> Volumes<M> {
         Ok(slot)
     }
 
-    /// Take `slot` out of the table, if it is still the one there.
-    fn forget(&self, slot: &Arc<Slot>) {
-        let mut slots = self.slots();
-        if slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            slots.remove(&slot.volume_id);
+    /// Take `slot` out of the table, if it is still the one there, and
+    /// remember its pod if the volume was `unpublished`.
+    fn forget(&self, slot: &Arc<Slot>, unpublished: bool) {
+        let mut table = self.table();
+        if table.slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            table.slots.remove(&slot.volume_id);
+            if unpublished {
+                table.ended(slot, Instant::now());
+            }
         }
-        self.metrics.volumes(slots.len());
+        self.metrics.volumes(table.slots.len());
     }
 
     /// Mount and lock the tree if not yet, and make sure a run serves it with
@@ -251,8 +310,14 @@ impl<M: Mounts> Volumes<M> {
         let turns = match &state.turns {
             Some(turns) => turns.clone(),
             None => {
-                self.mount(&p.target)?;
-                let turns = DirTurns::take(&p.target).map_err(|e| match e {
+                let made = self.mount(&p.target)?;
+                let turns = DirTurns::take(&p.target).inspect_err(|_| {
+                    if made {
+                        // Nothing may stay of a refused publish: the kubelet does not unpublish after a final error.
+                        let _ = self.remove_target(&p.target);
+                    }
+                });
+                let turns = turns.map_err(|e| match e {
                     WriteError::Busy { .. } => Status::new(
                         Code::Unavailable,
                         format!("{e}: another drafs agent on this node still serves the volume (one being replaced?)"),
@@ -302,7 +367,7 @@ impl<M: Mounts> Volumes<M> {
             ));
         }
         let (slot, holder) = {
-            let slots = self.slots();
+            let slots = &self.table().slots;
             let holder = slots.values().find(|s| s.target == target && s.volume_id != volume_id).cloned();
             (slots.get(volume_id).cloned(), holder)
         };
@@ -326,7 +391,7 @@ impl<M: Mounts> Volumes<M> {
                 }
                 state.turns = None;
                 state.gone = true;
-                self.forget(slot);
+                self.forget(slot, true);
             }
             self.remove_target(target)?;
             info!(target = %target.display(), "unpublished");
@@ -364,7 +429,7 @@ impl<M: Mounts> Volumes<M> {
     /// Stop every run, leaving the trees mounted and readable (the agent stops
     /// or is upgraded; the next publish of each volume makes it live again).
     pub async fn stop_all(&self) {
-        let slots: Vec<Arc<Slot>> = self.slots().drain().map(|(_, s)| s).collect();
+        let slots: Vec<Arc<Slot>> = self.table().slots.drain().map(|(_, s)| s).collect();
         futures::future::join_all(slots.iter().map(|slot| async move {
             let mut state = slot.state.lock().await;
             state.gone = true;
@@ -377,7 +442,7 @@ impl<M: Mounts> Volumes<M> {
 
     /// The volumes served, and how many of their runs have failed.
     pub fn census(&self) -> (usize, usize) {
-        let slots: Vec<Arc<Slot>> = self.slots().values().cloned().collect();
+        let slots: Vec<Arc<Slot>> = self.table().slots.values().cloned().collect();
         let failing = slots
             .iter()
             .filter(|s| s.state.try_lock().is_ok_and(|state| state.run.as_ref().is_some_and(|r| !r.is_serving())))
@@ -387,20 +452,23 @@ impl<M: Mounts> Volumes<M> {
 
     /// The targets of the volumes served (their tmpfs usage is a metric).
     pub fn targets(&self) -> Vec<PathBuf> {
-        self.slots().values().map(|s| s.target.clone()).collect()
+        self.table().slots.values().map(|s| s.target.clone()).collect()
     }
 
-    /// A tmpfs of drafs's at `target`: made, or found (the agent restarted).
-    fn mount(&self, target: &Path) -> Result<(), Status> {
+    /// A tmpfs of drafs's at `target`: made (true), or found (the agent restarted).
+    fn mount(&self, target: &Path) -> Result<bool, Status> {
         match self.mounts.at(target).map_err(|e| internal("read the mount table", target, e))? {
-            AtTarget::Ours => Ok(()),
+            AtTarget::Ours => Ok(false),
             AtTarget::Foreign => Err(Status::new(
                 Code::FailedPrecondition,
                 format!("{} holds a mount drafs did not make", target.display()),
             )),
             AtTarget::Nothing => {
                 std::fs::create_dir_all(target).map_err(|e| internal("create", target, e))?;
-                self.mounts.mount_tmpfs(target, self.limits.volume).map_err(|e| internal("mount a tmpfs at", target, e))
+                self.mounts
+                    .mount_tmpfs(target, self.limits.volume)
+                    .map_err(|e| internal("mount a tmpfs at", target, e))?;
+                Ok(true)
             }
         }
     }
@@ -423,6 +491,7 @@ impl<M: Mounts> Volumes<M> {
             metrics_addr: None,
             events: EventsMode::Warnings,
             turns: Some(turns),
+            pool_grace: VANISHED_POOL_GRACE,
         };
         let source = Source::Connected { client, pod: p.pod.clone(), uid: Some(slot.pod_uid.clone()), sharing };
         let selection = p.selection.clone();

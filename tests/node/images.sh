@@ -23,8 +23,8 @@ export_image() { # image archive name
     mv "$2.tmp" "$2"
 }
 
-# drafs, exactly as CI and users build it.
-built=$(bash "$here/../../image/build.sh" drafs:realnode)
+# drafs, exactly as CI and users build it, for this machine's platform only.
+built=$(DRAFS_PLATFORMS=$("$here/platform.sh") bash "$here/../../image/build.sh" drafs:realnode)
 bin=$(tail -n 1 <<<"$built" | awk '{print $2}')
 stamp=$(cd "$here/../.." && sha256sum "$bin" image/Containerfile | sha256sum | cut -c1-16)
 if [ "$(cat "$out/drafs.stamp" 2>/dev/null)" != "$stamp" ] || [ ! -f "$out/drafs.tar" ]; then

@@ -259,13 +259,18 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.availabl
 resolvConf: /etc/resolv.conf
 featureGates: {DRAListTypeAttributes: true, DRAConsumableCapacity: true}
 EOF
-start kubelet kubelet --config="$work/kubelet.yaml" --kubeconfig="$work/kubelet.kubeconfig" \
-    --hostname-override=$NODE_NAME --node-ip=$NODE_IP --root-dir=/var/lib/kubelet --v=1
+kubelet_command=(kubelet --config="$work/kubelet.yaml" --kubeconfig="$work/kubelet.kubeconfig"
+    --hostname-override=$NODE_NAME --node-ip=$NODE_IP --root-dir=/var/lib/kubelet --v=1)
+start kubelet "${kubelet_command[@]}"
 node_ready() {
     [ "$(kubectl get node $NODE_NAME -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 wait_for 120 "the node" node_ready
 alive kubelet
+kubelet_serving() {
+    (exec 3<>/dev/tcp/127.0.0.1/10248 && printf 'GET /healthz HTTP/1.0\r\n\r\n' >&3 && grep -qx 'ok' <&3) &&
+        (exec 3<>/dev/tcp/$NODE_IP/10250)
+}
 
 # --- DRA drivers -----------------------------------------------------------------------------
 for driver in $(cat "$work/drivers"); do
@@ -288,10 +293,32 @@ wait_for 60 "kube-root-ca.crt" kubectl get configmap kube-root-ca.crt
 
 touch "$work/ready"
 echo "node.sh: ready" >&2
+# A test asks for a kubelet restart (the pods and their volumes stay, as on
+# a real node): stopped, started again, and counted in kubelet-restarts.
+restart_kubelet() {
+    local pid
+    pid=$(cat "$work/kubelet.pid")
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null
+    start kubelet "${kubelet_command[@]}"
+    # The node stays Ready for a while after its kubelet stopped: wait for
+    # the new kubelet's own health and its API port instead.
+    wait_for 120 "the restarted kubelet" kubelet_serving
+    wait_for 120 "the restarted kubelet's node" node_ready
+    alive kubelet
+    echo restarted >>"$work/kubelet-restarts"
+}
+
 # Run until standard input closes; wake every second so a signal is handled.
 while :; do
-    read -r -t 1 _
+    line=
+    read -r -t 1 line
     status=$?
     [ $status -gt 128 ] || [ $status -eq 0 ] || break
+    [ "$line" = restart-kubelet ] && restart_kubelet
 done
 exit 0

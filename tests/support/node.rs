@@ -358,6 +358,21 @@ impl Node {
         super::stdout(&out)
     }
 
+    /// `kubectl create -f -` that must succeed: for objects too large for
+    /// `apply`'s last-applied annotation (it copies the whole object there).
+    pub fn kubectl_create(&self, yaml: &str) -> String {
+        let out = self.kubectl_stdin(&["create", "-f", "-"], Some(yaml));
+        assert!(out.status.success(), "kubectl create: {}", super::stderr(&out));
+        super::stdout(&out)
+    }
+
+    /// containerd's `ctr` on the node's containerd, in the kubelet's namespace.
+    pub fn ctr(&self) -> Command {
+        let mut cmd = self.in_node(self.bin.join("ctr"));
+        cmd.args(["--address", "/run/containerd/containerd.sock", "-n", "k8s.io"]);
+        cmd
+    }
+
     pub fn get_json(&self, args: &[&str]) -> Option<Value> {
         let mut all = vec!["get"];
         all.extend_from_slice(args);
@@ -546,6 +561,21 @@ impl Node {
             });
         }
         cmd.spawn().unwrap()
+    }
+
+    /// Restart the node's kubelet (its pods and their volumes stay, as on a
+    /// real node) and wait until it is back.
+    pub fn restart_kubelet(&self) {
+        let restarts = |work: &Path| std::fs::read_to_string(work.join("kubelet-restarts")).map_or(0, |t| t.lines().count());
+        let before = restarts(&self.work);
+        {
+            let mut runner = self.runner.lock().unwrap();
+            let stdin = runner.as_mut().and_then(|r| r.stdin.as_mut()).expect("the node's runner");
+            stdin.write_all(b"restart-kubelet\n").unwrap();
+            stdin.flush().unwrap();
+        }
+        let back = super::wait_for(Duration::from_secs(180), || restarts(&self.work) > before);
+        assert!(back, "the kubelet did not come back\n{}", self.diagnostics());
     }
 
     pub fn work(&self) -> &Path {

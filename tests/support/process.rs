@@ -426,3 +426,13 @@ pub fn yaml_files_in(dir: &str) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// A `/proc/<pid>/status` figure in KiB (`VmRSS:`, `VmHWM:`...); 0 once the process is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -351,6 +351,16 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
     assert_eq!(driver["spec"]["podInfoOnMount"], true);
 
     helm_ok(&cp, &["install", "drafs", CHART, "--namespace", "drafs-system", "--set", "node.enabled=true"]);
+    // KEP-5538: the token in the request's secrets where the cluster has the field (1.35+).
+    let installed =
+        cp.get(&json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "drafs.dev"}}));
+    let in_secrets = installed.unwrap()["spec"]["serviceAccountTokenInSecrets"].clone();
+    assert_eq!(
+        in_secrets,
+        if controlplane::minor() >= 35 { json!(true) } else { Value::Null },
+        "on 1.{}",
+        controlplane::minor()
+    );
     let meta = |name: &str, ns: Option<&str>| {
         let mut m = json!({"name": name});
         if let Some(ns) = ns {
@@ -367,6 +377,66 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
         let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta(name, ns)}));
         assert!(object.is_none(), "{kind} {name} left after uninstall");
     }
+}
+
+/// The agent as its peers run: Linux nodes only, three narrow host paths,
+/// probed, a memory limit that holds every volume's tmpfs, the options
+/// platforms ask for.
+#[test]
+fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
+    let Some(cp) = controlplane::private() else { return };
+    let docs = render(&cp, &["--set", "node.enabled=true"]);
+    let daemonset = find(&docs, "DaemonSet");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    assert_eq!(daemonset["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    let paths: BTreeSet<&str> =
+        pod["volumes"].as_array().unwrap().iter().map(|v| v["hostPath"]["path"].as_str().unwrap()).collect();
+    let wanted = ["/var/lib/kubelet/pods", "/var/lib/kubelet/plugins/drafs.dev", "/var/lib/kubelet/plugins_registry"];
+    assert_eq!(paths, wanted.into_iter().collect(), "never the whole kubelet directory (its PKI)");
+    let container = &pod["containers"][0];
+    let bidirectional: Vec<&str> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["mountPropagation"] == "Bidirectional")
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(bidirectional, ["/var/lib/kubelet/pods"]);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for arg in ["--max-pods=110", "--volume-size=8Mi", "--metrics-addr=0.0.0.0:9809"] {
+        assert!(args.contains(&arg), "{arg} not in {args:?}");
+    }
+    // Every volume's tmpfs at its largest, and the agent.
+    assert_eq!(container["resources"]["limits"]["memory"], "1008Mi");
+    let sized =
+        render(&cp, &["--set", "node.enabled=true", "--set", "node.maxPods=20", "--set", "node.volumeSizeMi=2"]);
+    assert_eq!(
+        find(&sized, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
+        "168Mi"
+    );
+    let given = render(&cp, &["--set", "node.enabled=true", "--set", "node.resources.limits.memory=300Mi"]);
+    assert_eq!(
+        find(&given, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
+        "300Mi"
+    );
+    let driver = find(&docs, "CSIDriver");
+    assert_eq!(driver["metadata"]["labels"]["security.openshift.io/csi-ephemeral-volume-profile"], "restricted");
+    assert!(!docs.iter().any(|d| d["kind"] == "ResourceQuota"), "no quota unless asked");
+    let quota = render(&cp, &["--set", "node.enabled=true", "--set", "node.priorityClassQuota.enabled=true"]);
+    let quota = find(&quota, "ResourceQuota");
+    assert_eq!(quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"], json!(["system-node-critical"]));
+    // What the chart renders for this cluster's version, its API server takes.
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let version = format!("1.{}.0", controlplane::minor());
+    let for_cluster = render(&cp, &["--set", "node.enabled=true", "--kube-version", &version]);
+    let node: Vec<Value> =
+        for_cluster.into_iter().filter(|d| d["metadata"]["name"] == "drafs-node" || d["kind"] == "CSIDriver").collect();
+    assert_eq!(node.len(), 5, "{node:?}");
+    let out = kubectl_apply(&cp, &node, true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// How a test pod asks for devices.
@@ -668,4 +738,40 @@ fn helm_upgrade_leaves_running_pods_untouched_and_new_pods_get_the_new_image() {
     // A pod created after it gets the new image.
     let after = cp.create(&labelled("after"));
     assert_eq!(image_of(&after).as_deref(), Some(image_b), "{after:#}");
+}
+
+/// The chart as a release ships it (`release/chart.sh`, which
+/// `release/release.sh` runs): installed by its archive's path, it names the
+/// release's image, at the version of Cargo.toml.
+#[test]
+fn the_released_chart_archive_installs_and_names_the_released_image() {
+    let Some(cp) = controlplane::private() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(repo_path("release/chart.sh"))
+        .arg(scratch.path())
+        .env("DRAFS_REGISTRY", "registry.example/team")
+        .env("HELM", support::helm::binary())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "release/chart.sh: {}", stderr(&out));
+    let archive = stdout(&out).trim().to_string();
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(archive.ends_with(&format!("/drafs-{version}.tgz")), "{archive}");
+    let shown = helm_ok(&cp, &["show", "chart", &archive]);
+    assert!(
+        shown.contains(&format!("\nversion: {version}\n")) && shown.contains(&format!("appVersion: {version}")),
+        "{shown}"
+    );
+
+    restricted_namespace(&cp, "drafs-system");
+    helm_ok(&cp, &["install", "drafs", &archive, "--namespace", "drafs-system"]);
+    let deployment = cp
+        .get(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                     "metadata": {"name": "drafs-webhook", "namespace": "drafs-system"}}))
+        .unwrap();
+    let image = format!("registry.example/team/drafs:{version}");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], image.as_str());
+    assert!(container["env"].as_array().unwrap().iter().any(|e| e["value"] == image.as_str()), "{container}");
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
 }

@@ -2,7 +2,7 @@
 //! kubelet makes them (protobuf messages to the same handler the gRPC server
 //! calls), against drafs's test API server (RBAC from `drafs manifests rbac`,
 //! tokens), with the mounts recorded instead of made. What the real kubelet
-//! does with the agent is tests/nodemode.rs's (the real-node tier); here, the
+//! does with the agent is tests/realnode_csi.rs's (the real-node tier); here, the
 //! bookkeeping a real node makes slow to reach: a republish restarts nothing,
 //! a new token restarts the run on the same tree, unpublish twice is fine,
 //! nothing is created for a refused publish.
@@ -286,6 +286,38 @@ fn a_second_volume_of_a_pod_is_refused_with_the_reason() {
     assert!(err.message.contains("has a drafs volume already") && err.message.contains("\"dra\""), "{}", err.message);
     assert!(!second.exists(), "nothing was made for it");
     assert_eq!(a.mounts.0.lock().unwrap().len(), 1);
+}
+
+/// A pod being deleted: once its volume is unpublished, a publish of another
+/// of its volumes (the kubelet retries the refused ones until the pod's
+/// containers are gone, and one may arrive just after) is refused too, so the
+/// pod's deletion leaves nothing mounted. The same volume again is served.
+#[test]
+fn a_pods_other_volume_is_refused_after_its_volume_is_unpublished() {
+    let a = agent();
+    a.publish(TOKEN).expect("published");
+    a.unpublish().expect("unpublished");
+    let second = a.target_of(UID, "dra-again");
+    let err = a.publish_volume("csi-2", ("trainer-0", UID), &second, TOKEN, &[]).unwrap_err();
+    assert_eq!(err.code, Code::FailedPrecondition);
+    assert!(err.message.contains("was unpublished") && err.message.contains("\"dra\""), "{}", err.message);
+    assert!(!second.exists(), "nothing was made for it");
+    assert!(a.mounts.0.lock().unwrap().is_empty(), "nothing mounted");
+    a.publish(TOKEN).expect("its own volume again");
+}
+
+/// A publish refused after its tmpfs was mounted (the tree's lock is held
+/// by another writer) leaves nothing mounted: the kubelet does not unpublish
+/// a volume whose publish failed for good.
+#[test]
+fn a_publish_refused_after_the_mount_leaves_nothing_mounted() {
+    let a = agent();
+    std::fs::create_dir_all(a.target()).unwrap();
+    let _held = drafs::publish::files::DirTurns::take(&a.target()).expect("the test holds the tree's lock");
+    let err = a.publish(TOKEN).unwrap_err();
+    assert_eq!(err.code, Code::Unavailable);
+    assert!(err.message.contains("another drafs agent"), "{}", err.message);
+    assert!(a.mounts.0.lock().unwrap().is_empty(), "the tmpfs is left mounted");
 }
 
 /// Beyond --max-pods a publish is refused (ResourceExhausted) until a pod goes.

@@ -1,0 +1,535 @@
+//! drafs per node, on the real node (the real-node tier: tests/realnode.rs
+//! says how the node runs): `drafs node` registers with the real kubelet as a
+//! CSI driver, and a pod that asks with a `csi:` volume, with no drafs
+//! container of its own and at the `restricted` Pod Security level, reads its
+//! device's values from its first instruction on, and sees them change.
+
+use drafs_test_support as support;
+
+use std::process::Child;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::node::{self, GPU_DRIVER, NODE_NAME, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app};
+use support::*;
+
+const DRIVER: &str = "drafs.dev";
+
+/// `drafs node` on the node (support::node::Node::spawn_drafs_node); [`kill_agent`] kills it.
+fn start_agent(node: &Node, log: &str) -> Child {
+    node.spawn_drafs_node(&[], log)
+}
+
+/// SIGKILL to the agent and the nsenter that started it (one process group).
+fn kill_agent(mut agent: Child) {
+    // SAFETY: a signal to a process group this test made.
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
+    agent.wait().unwrap();
+}
+
+/// Whether the kubelet lists drafs among the node's CSI drivers.
+fn is_registered(node: &Node) -> bool {
+    node.get_json(&["csinode", NODE_NAME])
+        .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == DRIVER))
+}
+
+/// Until the kubelet lists drafs among the node's CSI drivers.
+fn wait_registered(node: &Node) {
+    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
+    assert!(registered, "the kubelet did not register {DRIVER}\n{}", node.diagnostics());
+}
+
+/// A `restricted` pod with a GPU claim and drafs's volume only: its app
+/// prints the GPU's uuid and product name at start.
+fn csi_pod(ns: &str, name: &str) -> String {
+    csi_pod_from(ns, name, "one-gpu")
+}
+
+fn csi_pod_from(ns: &str, name: &str, template: &str) -> String {
+    let mut pod: Value = serde_json::from_str(&gpu_pod(ns, name, template)).unwrap();
+    pod["spec"]["serviceAccountName"] = json!("drafs");
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}]);
+    pod["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": DRIVER, "readOnly": true}}]);
+    pod.to_string()
+}
+
+/// The mounts drafs made under the kubelet's pod directories.
+fn agent_mounts(node: &Node, uid: &str) -> Vec<String> {
+    node.mountinfo()
+        .lines()
+        .filter(|l| l.contains(" - tmpfs drafs-node ") && l.contains(uid))
+        .map(String::from)
+        .collect()
+}
+
+fn uid_of(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restarts() {
+    let Some(node) = node::shared() else { return };
+    let ns = "csi";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.csi_driver();
+    let agent = start_agent(node, "drafs-node.log");
+    wait_registered(node);
+
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    let pod = node.wait_running(ns, "app");
+    let names: Vec<_> = pod["spec"]["containers"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
+    assert_eq!(names, ["app"], "no drafs container in the pod");
+    assert!(pod["spec"]["initContainers"].is_null(), "no drafs init container either");
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    assert_eq!(driver, GPU_DRIVER);
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    let product = node.slice_attribute(&driver, &device, "productName");
+    // The app's first instruction read the values: published before it started.
+    let line = log_line(node, ns, "app", "app", "uuid=");
+    assert_eq!(line, format!("uuid={uuid} product={product}"));
+    let write = node.kubectl(&["exec", "-n", ns, "app", "-c", "app", "--", "sh", "-c", "echo x > /dra/x"]);
+    assert!(!write.status.success(), "the app cannot write into its tree");
+
+    // Live: the driver changes its GPUs' product name and republishes.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    wait_read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+
+    // The agent killed hard: the tree stays readable; restarted, it takes the
+    // volume over at the kubelet's next publish and follows changes again.
+    kill_agent(agent);
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/uuid"), uuid, "readable while the agent is down");
+    let agent = start_agent(node, "drafs-node-2.log");
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 3)"));
+    let mut seen = String::new();
+    // The kubelet publishes again once per sync (a minute by default).
+    let live = wait_for(Duration::from_secs(240), || {
+        seen = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName");
+        seen == "NVIDIA H200 (rev 3)"
+    });
+    assert!(
+        live,
+        "not live again after the agent's restart: {seen:?}\n{}",
+        std::fs::read_to_string(node.work().join("drafs-node-2.log")).unwrap_or_default()
+    );
+
+    // A pod whose account lacks drafs's RBAC waits, and says why where
+    // `kubectl describe pod` shows it.
+    let mut unauthorized: Value = serde_json::from_str(&csi_pod(ns, "unauthorized")).unwrap();
+    unauthorized["spec"]["serviceAccountName"] = json!("default");
+    node.kubectl_apply(&unauthorized.to_string());
+    let mut events = String::new();
+    let told = wait_for(Duration::from_secs(60), || {
+        events = node.kubectl_ok(&["get", "events", "-n", ns, "--field-selector", "involvedObject.name=unauthorized"]);
+        events.contains("FailedMount") && events.contains("forbidden")
+    });
+    assert!(told, "no FailedMount naming the refusal:\n{events}");
+    assert!(events.contains("drafs manifests rbac"), "the fix is named:\n{events}");
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "unauthorized", "--wait=true", "--timeout=60s"]);
+
+    // Deleted: unpublished, unmounted, nothing left.
+    let uid = uid_of(&pod);
+    assert_eq!(agent_mounts(node, &uid).len(), 1, "one tmpfs for the pod's volume");
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "app", "--wait=true", "--timeout=60s"]);
+    let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
+    assert!(gone, "the pod's tmpfs is still mounted: {:?}", agent_mounts(node, &uid));
+    kill_agent(agent);
+}
+
+/// The chart's node part (`--set node.enabled=true`), as `helm template`
+/// renders it for the node's image.
+fn chart_node_objects() -> String {
+    chart_node_objects_with(node::DRAFS_IMAGE, &[])
+}
+
+/// The chart's node part for `image`, with more `--set` values.
+fn chart_node_objects_with(image: &str, values: &[&str]) -> String {
+    let (repository, tag) = image.split_once(':').unwrap();
+    let mut cmd = std::process::Command::new(support::helm::binary());
+    cmd.args(["template", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system", "--kube-version", "1.37.2"])
+        .args(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never"])
+        .args(["--set", &format!("image.repository={repository}"), "--set", &format!("image.tag={tag}")])
+        .args(["--show-only", "templates/node.yaml"]);
+    for value in values {
+        cmd.args(["--set", value]);
+    }
+    let out = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    assert!(out.status.success(), "helm template: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// The chart's agent on the node, ready (registered) once this returns.
+fn install_chart_agent(node: &Node, objects: &str) {
+    node.kubectl_apply(
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}).to_string(),
+    );
+    node.kubectl_apply(objects);
+    let ds = wait_for(Duration::from_secs(90), || {
+        node.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
+            .is_some_and(|d| d["status"]["numberReady"] == 1 && d["status"]["updatedNumberScheduled"] == 1)
+    });
+    assert!(ds, "the DaemonSet's pod is not ready\n{}", node.kubectl_ok(&["describe", "pods", "-n", "drafs-system"]));
+    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
+    assert!(registered, "the kubelet did not register {DRIVER}; the agent's log:\n{}", agent_log(node));
+}
+
+fn agent_log(node: &Node) -> String {
+    node.kubectl_ok(&["logs", "-n", "drafs-system", "daemonset/drafs-node"])
+}
+
+/// The agent pod's restarts (the DaemonSet's one pod).
+fn agent_restarts(node: &Node) -> u64 {
+    let pods = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
+    pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["status"]["containerStatuses"].as_array().cloned().unwrap_or_default())
+        .map(|c| c["restartCount"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
+    let Some(node) = node::shared() else { return };
+    install_chart_agent(node, &chart_node_objects());
+    // Kubernetes 1.35+: the kubelet sends the pod's token in the request's
+    // secrets (KEP-5538), which the agent reads.
+    let csi_driver = node.get_json(&["csidriver", DRIVER]).unwrap();
+    assert_eq!(csi_driver["spec"]["serviceAccountTokenInSecrets"], true, "{csi_driver}");
+
+    let ns = "csi-chart";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    let pod = node.wait_running(ns, "app");
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    assert!(log_line(node, ns, "app", "app", "uuid=").starts_with(&format!("uuid={uuid} ")));
+    // `drafs inject --mode csi` gives a plain pod the volume, and nothing else.
+    let plain = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "injected", "namespace": ns},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "app", "image": SHELL_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo \"uuid=$(cat /dra/gpu/gpu/0/uuid)\"; exec sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]},
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    });
+    let args = ["inject", "--mode", "csi", "--image", node::DRAFS_IMAGE, "--require", "gpu/gpu/0/uuid"];
+    let injected = drafs_with_stdin(&args, &plain.to_string());
+    assert_ok(&injected);
+    node.kubectl_apply(&stdout(&injected));
+    let pod = node.wait_running(ns, "injected");
+    assert_eq!(pod["spec"]["containers"].as_array().unwrap().len(), 1);
+    let (driver, device) = node.allocated(ns, &pod, "gpu");
+    let uuid = node.slice_attribute(&driver, &device, "uuid");
+    assert_eq!(log_line(node, ns, "injected", "app", "uuid="), format!("uuid={uuid}"));
+
+    // The agent's own account may read the slices and nothing else: the
+    // pod and its claims were read as the pod.
+    let can = |verb: &str, what: &str| {
+        let account = "system:serviceaccount:drafs-system:drafs-node";
+        node.kubectl(&["auth", "can-i", verb, what, "--all-namespaces", "--as", account]).status.success()
+    };
+    assert!(can("watch", "resourceslices.resource.k8s.io"));
+    for (verb, what) in [("get", "pods"), ("list", "resourceclaims.resource.k8s.io"), ("get", "secrets")] {
+        assert!(!can(verb, what), "the agent's account may {verb} {what}");
+    }
+}
+
+/// The watches the API server holds open, by resource
+/// (`apiserver_longrunning_requests`).
+fn open_watches(node: &Node) -> std::collections::BTreeMap<String, u64> {
+    let metrics = node.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let mut out = std::collections::BTreeMap::new();
+    for line in
+        metrics.lines().filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+    {
+        let resource = line.split("resource=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+        let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *out.entry(resource.to_string()).or_default() += value as u64;
+    }
+    out
+}
+
+#[test]
+fn thirty_pods_on_the_node_share_one_slice_watch_and_hold_no_watch_once_started() {
+    const PODS: usize = 30;
+    let Some(node) = node::shared() else { return };
+    let ns = "csi-many";
+    node.namespace(ns, Some("restricted"));
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+    node.csi_driver();
+    let before = open_watches(node);
+    // Watched for 5 s after its publish, then read again at most once a minute.
+    let agent = node.spawn_drafs_node(&["--watch-for", "5s", "--refresh", "1m"], "drafs-node.log");
+    wait_registered(node);
+    let pods: Vec<String> = (0..PODS).map(|i| format!("app-{i}")).collect();
+    let all = pods.iter().map(|p| csi_pod_from(ns, p, "gpu-2gi")).collect::<Vec<_>>().join("\n---\n");
+    node.kubectl_apply(&all);
+    for pod in &pods {
+        node.wait_running(ns, pod);
+        assert_eq!(
+            log_line(node, ns, pod, "app", "uuid="),
+            "uuid=GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b product=NVIDIA H200"
+        );
+    }
+    // Once the pods have started, the API server holds no watch for them:
+    // their pods and claims are asked at refreshes; the node's slices are
+    // one watch, the agent's.
+    let count = |w: &std::collections::BTreeMap<String, u64>, r: &str| w.get(r).copied().unwrap_or(0);
+    let mut now = open_watches(node);
+    let settled = wait_for(Duration::from_secs(60), || {
+        now = open_watches(node);
+        count(&now, "resourceclaims") <= count(&before, "resourceclaims")
+            && count(&now, "pods") <= count(&before, "pods")
+    });
+    assert!(settled, "watches before the agent: {before:?}; with {PODS} pods: {now:?}");
+    assert_eq!(count(&now, "resourceslices"), count(&before, "resourceslices") + 1, "before: {before:?}, now: {now:?}");
+
+    // Live through the shared watch: every pod sees the driver's change.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    for pod in &pods {
+        wait_read_in_app(node, ns, pod, "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+    }
+    // Only this test's pods' mounts count: the node's mount table also lists
+    // what the host had mounted when the node started.
+    let uids: Vec<String> = pods.iter().map(|pod| uid_of(&node.get_json(&["pod", "-n", ns, pod]).unwrap())).collect();
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+    let gone = wait_for(Duration::from_secs(60), || uids.iter().all(|uid| agent_mounts(node, uid).is_empty()));
+    assert!(gone, "tmpfs mounts left after the pods were deleted");
+    kill_agent(agent);
+}
+
+/// A pod in a `restricted` namespace with 120 drafs volumes and 250 KiB of
+/// annotations (nothing in the API forbids either), beside ordinary pods, on
+/// the chart's agent with the chart's memory limit: the agent never restarts,
+/// the ordinary pods start and read their values, the hostile pod is told why
+/// it waits, and its deletion completes.
+#[test]
+fn a_hostile_pod_leaves_every_other_pod_on_the_node_served() {
+    const VOLUMES: usize = 120;
+    let Some(node) = node::shared() else { return };
+    install_chart_agent(node, &chart_node_objects());
+    let ns = "tenants";
+    node.namespace(ns, Some("restricted"));
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+
+    let mut hostile: Value = serde_json::from_str(&csi_pod_from(ns, "hostile", "gpu-2gi")).unwrap();
+    let annotations: serde_json::Map<String, Value> =
+        (0..5).map(|i| (format!("tenant.example/blob-{i}"), json!("x".repeat(50 * 1024)))).collect();
+    hostile["metadata"]["annotations"] = Value::Object(annotations);
+    hostile["spec"]["volumes"] = (0..VOLUMES)
+        .map(|i| json!({"name": format!("dra-{i}"), "csi": {"driver": DRIVER, "readOnly": true}}))
+        .collect::<Vec<_>>()
+        .into();
+    // The kubelet mounts only the volumes a container mounts: every one is.
+    hostile["spec"]["containers"][0]["volumeMounts"] = (0..VOLUMES)
+        .map(|i| json!({"name": format!("dra-{i}"), "mountPath": if i == 0 { "/dra".to_string() } else { format!("/dra-{i}") }, "readOnly": true}))
+        .collect::<Vec<_>>()
+        .into();
+    node.kubectl_create(&hostile.to_string());
+    let mut events = String::new();
+    let told = wait_for(Duration::from_secs(90), || {
+        events = node.kubectl_ok(&["get", "events", "-n", ns, "--field-selector", "involvedObject.name=hostile"]);
+        events.contains("FailedMount") && events.contains("has a drafs volume already")
+    });
+    assert!(
+        told,
+        "the hostile pod is not told why it waits; its events:\n{events}\nthe agent's log:\n{}",
+        agent_log(node)
+    );
+
+    let pods: Vec<String> = (0..3).map(|i| format!("ordinary-{i}")).collect();
+    node.kubectl_apply(&pods.iter().map(|p| csi_pod_from(ns, p, "gpu-2gi")).collect::<Vec<_>>().join("\n---\n"));
+    for pod in &pods {
+        node.wait_running(ns, pod);
+        assert_eq!(
+            log_line(node, ns, pod, "app", "uuid="),
+            "uuid=GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b product=NVIDIA H200"
+        );
+    }
+    let hostile_uid = uid_of(&node.get_json(&["pod", "-n", ns, "hostile"]).unwrap());
+    assert_eq!(agent_mounts(node, &hostile_uid).len(), 1, "the hostile pod's one served volume");
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "hostile", "--wait=true", "--timeout=120s"]);
+    let left = agent_mounts(node, &hostile_uid);
+    assert!(
+        left.is_empty(),
+        "the hostile pod's volumes are left mounted: {left:#?}\nthe agent's log:\n{}",
+        agent_log(node)
+    );
+    assert_eq!(agent_restarts(node), 0, "the agent restarted; its log:\n{}", agent_log(node));
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+}
+
+/// An app that keeps its working directory in its tree while the tree is
+/// replaced (the values a driver reports at prepare come a moment after the
+/// publish, as do later changes) reads the old tree whole: no value of the
+/// tree it entered is lost. And apps that walk their tree at start, over many
+/// starts, never read a missing value.
+#[test]
+fn apps_inside_their_tree_never_lose_a_file_while_it_is_replaced() {
+    let Some(node) = node::shared() else { return };
+    let ns = "readers";
+    node.namespace(ns, Some("restricted"));
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+    node.csi_driver();
+    let agent = node.spawn_drafs_node(&[], "drafs-node.log");
+    wait_registered(node);
+
+    // The app enters its device's directory, says so, waits for the word,
+    // then walks the directory it is in.
+    let walk = r#"n=0; bad=0
+for f in $(find -L . -type f); do
+    cat "$f" >/dev/null 2>&1 || { echo "missing $f"; bad=$((bad+1)); }; n=$((n+1))
+done
+echo "walked files=$n missing=$bad""#;
+    let mut held: Value = serde_json::from_str(&csi_pod_from(ns, "held", "gpu-2gi")).unwrap();
+    held["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "scratch", "emptyDir": {}}));
+    held["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "scratch", "mountPath": "/scratch"}));
+    let script = format!(
+        "cd /dra/gpu/gpu/0 && echo entered; until [ -e /scratch/go ]; do sleep 0.1; done; {walk}; exec sleep 3600"
+    );
+    held["spec"]["containers"][0]["command"] = json!(["sh", "-c", script]);
+    node.kubectl_apply(&held.to_string());
+    node.wait_running(ns, "held");
+    log_line(node, ns, "held", "app", "entered");
+    // The tree is replaced while the app is inside the old one.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    wait_read_in_app(node, ns, "held", "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+    node.exec(ns, "held", "app", &["touch", "/scratch/go"]);
+    let walked = log_line(node, ns, "held", "app", "walked");
+    assert!(
+        walked.ends_with(" missing=0") && !walked.contains("files=0 "),
+        "{walked}\n{}",
+        node.logs(ns, "held", "app")
+    );
+
+    // Many starts: each app walks its tree at once, as the prepare-time values land.
+    const STARTS: usize = 12;
+    let starts: Vec<String> = (0..STARTS).map(|i| format!("start-{i}")).collect();
+    let pods = starts
+        .iter()
+        .map(|name| {
+            let mut pod: Value = serde_json::from_str(&csi_pod_from(ns, name, "gpu-2gi")).unwrap();
+            pod["spec"]["containers"][0]["command"] =
+                json!(["sh", "-c", format!("cd /dra/gpu/gpu/0 && {{ {walk}; }}; exec sleep 3600")]);
+            pod.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    node.kubectl_apply(&pods);
+    for name in &starts {
+        node.wait_running(ns, name);
+        let walked = log_line(node, ns, name, "app", "walked");
+        assert!(
+            walked.ends_with(" missing=0") && !walked.contains("files=0 "),
+            "{name}: {walked}\n{}",
+            node.logs(ns, name, "app")
+        );
+    }
+    // The superseded trees go once readers have had their time: one payload left.
+    let target = |pod: &Value| format!("/var/lib/kubelet/pods/{}/volumes/kubernetes.io~csi/dra/mount", uid_of(pod));
+    let held = node.get_json(&["pod", "-n", ns, "held"]).unwrap();
+    let payloads = || {
+        let out = node.in_node("ls").args(["-A", &target(&held)]).output().unwrap();
+        stdout(&out).lines().filter(|l| l.starts_with("..") && *l != "..data" && !l.starts_with("..data_tmp")).count()
+    };
+    let tidied = wait_for(Duration::from_secs(90), || payloads() == 1);
+    assert!(tidied, "superseded payloads left: {}", payloads());
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+    kill_agent(agent);
+}
+
+/// The kubelet restarted: the trees it published stay readable, the agent is
+/// registered again, and new pods get their volumes; existing ones are live
+/// again at their next republish.
+#[test]
+fn a_kubelet_restart_keeps_the_trees_and_serves_new_pods() {
+    let Some(node) = node::shared() else { return };
+    let ns = "restart";
+    node.namespace(ns, Some("restricted"));
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+    node.csi_driver();
+    let agent = node.spawn_drafs_node(&[], "drafs-node.log");
+    wait_registered(node);
+    node.kubectl_apply(&csi_pod_from(ns, "before", "gpu-2gi"));
+    node.wait_running(ns, "before");
+    node.restart_kubelet();
+    // The new kubelet knows the pod once it has synced it from the API server.
+    let known = wait_for(Duration::from_secs(60), || {
+        node.kubectl(&["exec", "-n", ns, "before", "-c", "app", "--", "true"]).status.success()
+    });
+    assert!(known, "the restarted kubelet does not know the pod");
+    assert_eq!(read_in_app(node, ns, "before", "/dra/gpu/gpu/0/productName"), "NVIDIA H200");
+    wait_registered(node);
+    node.kubectl_apply(&csi_pod_from(ns, "after", "gpu-2gi"));
+    node.wait_running(ns, "after");
+    assert_eq!(
+        log_line(node, ns, "after", "app", "uuid="),
+        "uuid=GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b product=NVIDIA H200"
+    );
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    for pod in ["before", "after"] {
+        wait_read_in_app(node, ns, pod, "/dra/gpu/gpu/0/productName", "NVIDIA H200 (rev 2)");
+    }
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+    kill_agent(agent);
+}
+
+/// `helm upgrade` to a new image: the agent is replaced, the running pods'
+/// trees stay readable throughout, and are live again within one republish.
+#[test]
+fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
+    let Some(node) = node::shared() else { return };
+    install_chart_agent(node, &chart_node_objects());
+    let ns = "upgrade";
+    node.namespace(ns, Some("restricted"));
+    node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
+    node.kubectl_apply(&csi_pod_from(ns, "app", "gpu-2gi"));
+    node.wait_running(ns, "app");
+    let old_agent = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
+    let old_agent = old_agent["items"][0]["metadata"]["name"].as_str().unwrap().to_string();
+
+    // The next version: the same binary under another tag, as a release would be.
+    let next = format!("{}-next", node::DRAFS_IMAGE);
+    let tagged = node
+        .ctr()
+        .args(["images", "tag", "--force"])
+        .args([&format!("docker.io/library/{}", node::DRAFS_IMAGE), &format!("docker.io/library/{next}")])
+        .output()
+        .unwrap();
+    assert!(tagged.status.success(), "ctr images tag: {}", stderr(&tagged));
+    node.kubectl_apply(&chart_node_objects_with(&next, &[]));
+    let mut reads = 0;
+    let replaced = wait_for(Duration::from_secs(120), || {
+        // Readable all along.
+        assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName"), "NVIDIA H200", "during the upgrade");
+        reads += 1;
+        let pods = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
+        let items = pods["items"].as_array().cloned().unwrap_or_default();
+        items.len() == 1
+            && items[0]["metadata"]["name"] != old_agent.as_str()
+            && items[0]["spec"]["containers"][0]["image"].as_str().is_some_and(|i| i.ends_with("-next"))
+            && items[0]["status"]["containerStatuses"][0]["ready"] == true
+    });
+    assert!(replaced, "the agent was not replaced by the new image");
+    assert!(reads > 0);
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (rev 2)"));
+    let mut seen = String::new();
+    // The kubelet publishes again once per sync (a minute by default).
+    let live = wait_for(Duration::from_secs(240), || {
+        seen = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName");
+        seen == "NVIDIA H200 (rev 2)"
+    });
+    assert!(live, "not live again after the upgrade: {seen:?}\n{}", agent_log(node));
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+}
