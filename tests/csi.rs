@@ -283,9 +283,65 @@ fn a_second_volume_of_a_pod_is_refused_with_the_reason() {
     let second = a.target_of(UID, "dra-again");
     let err = a.publish_volume("csi-2", ("trainer-0", UID), &second, TOKEN, &[]).unwrap_err();
     assert_eq!(err.code, Code::FailedPrecondition);
-    assert!(err.message.contains("has a drafs volume already") && err.message.contains("\"dra\""), "{}", err.message);
+    assert!(
+        err.message.contains("has a drafs volume of view tree already") && err.message.contains("\"dra\""),
+        "{}",
+        err.message
+    );
     assert!(!second.exists(), "nothing was made for it");
     assert_eq!(a.mounts.0.lock().unwrap().len(), 1);
+}
+
+/// The standard view's file of the pod's one claim, as written in `target`.
+const STANDARD_FILE: &str = "resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json";
+
+/// `view: standard` is the KEP-5304 view instead of the tree: a volume of its
+/// own beside the pod's tree (one of each view per pod, counted once towards
+/// --max-pods), live like the tree, leaving the files of the drivers named in
+/// `metadataFromDrivers` to them (an empty mount point, never written).
+#[test]
+fn a_pod_reads_the_standard_view_from_a_second_volume() {
+    let a = agent_with(TIMING, Limits { max_pods: 1, ..LIMITS });
+    a.publish(TOKEN).expect("the tree");
+    let view = a.target_of(UID, "dra-metadata");
+    a.publish_volume("csi-2", ("trainer-0", UID), &view, TOKEN, &[("view", "standard")])
+        .expect("the standard view: the same pod, no second place under --max-pods");
+    let text = std::fs::read_to_string(view.join(STANDARD_FILE)).unwrap();
+    let first: serde_json::Value = serde_json::Deserializer::from_str(&text).into_iter().next().unwrap().unwrap();
+    assert_eq!(first["apiVersion"], "metadata.resource.k8s.io/v1beta1", "{text}");
+    let device = &first["requests"][0]["devices"][0];
+    assert_eq!(device["attributes"]["uuid"]["string"], UUID, "{text}");
+    let names: Vec<String> =
+        std::fs::read_dir(&view).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["resourceclaimtemplates"], "the standard view alone, no tree in it");
+    assert!(a.mounts.0.lock().unwrap().contains(&view), "a tmpfs of its own");
+
+    // One of each view: a second standard view is refused, with the reason.
+    let again = a.target_of(UID, "dra-metadata-2");
+    let err = a.publish_volume("csi-3", ("trainer-0", UID), &again, TOKEN, &[("view", "standard")]).unwrap_err();
+    assert_eq!(err.code, Code::FailedPrecondition);
+    assert!(err.message.contains("of view standard already"), "{}", err.message);
+    // Another pod is one more pod: beyond --max-pods.
+    let other = a.target_of(UID_2, "dra-metadata");
+    let err = a.publish_volume("csi-4", ("trainer-1", UID_2), &other, TOKEN, &[("view", "standard")]).unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{}", err.message);
+
+    // The pod goes: both volumes are unpublished, and its place is free.
+    a.unpublish().expect("the tree unpublished");
+    a.unpublish_volume("csi-2", &view).expect("the view unpublished");
+    assert!(!view.exists() && a.mounts.0.lock().unwrap().is_empty());
+    // The second pod's driver writes its own file: drafs makes the mount point only.
+    let own = [("view", "standard"), ("metadataFromDrivers", "gpu.nvidia.com")];
+    a.publish_volume("csi-4", ("trainer-1", UID_2), &other, TOKEN, &own).expect("published");
+    let file = other.join(STANDARD_FILE);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "the driver's mount point, empty");
+    // An attribute that makes no sense for the tree is refused, with the fix.
+    let tree = a.target_of(UID_2, "dra");
+    let err = a
+        .publish_volume("csi-5", ("trainer-1", UID_2), &tree, TOKEN, &[("metadataFromDrivers", "dra.net")])
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("view: standard"), "{}", err.message);
 }
 
 /// A pod being deleted: once its volume is unpublished, a publish of another

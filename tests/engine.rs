@@ -222,7 +222,7 @@ struct Run {
 impl Run {
     async fn new(env: &Env, dir: &Path, mode: Mode, deadline: Option<Instant>) -> Run {
         let metrics = Arc::new(Metrics::default());
-        let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None, &[]).unwrap();
+        let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None);
         let outputs = Outputs::new(publisher, metrics.clone(), Events::none(), dir);
         let engine = Engine::new(client(env).await, pod_ref("ml", "p"), deadline);
         let reconciler = Reconciler::new(mode, pod_ref("ml", "p"), Selection::default(), vec![]);

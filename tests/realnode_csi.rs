@@ -10,7 +10,9 @@ use std::process::Child;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::node::{self, GPU_DRIVER, NODE_NAME, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app};
+use support::node::{
+    self, GPU_DRIVER, NIC_DRIVER, NODE_NAME, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app,
+};
 use support::*;
 
 const DRIVER: &str = "drafs.dev";
@@ -133,6 +135,109 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
     node.kubectl_ok(&["delete", "pod", "-n", ns, "app", "--wait=true", "--timeout=60s"]);
     let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
     assert!(gone, "the pod's tmpfs is still mounted: {:?}", agent_mounts(node, &uid));
+    kill_agent(agent);
+}
+
+/// Where KEP-5304 readers (KubeVirt's virt-launcher) look for the standard view.
+const STANDARD_ROOT: &str = "/var/run/kubernetes.io/dra-device-attributes";
+
+/// KubeVirt's launcher reads its GPU's PCI address from the standard view.
+/// In node mode that is a second drafs volume (`view: standard`, which
+/// `inject --mode csi --metadata-dir` adds), with no drafs container in the
+/// pod, beside the NIC driver's own file (the runtime mounts it over the
+/// empty mount point drafs leaves for it); the upstream decoder reads
+/// drafs's file and agrees with the tree.
+#[test]
+fn a_launcher_reads_the_standard_view_from_a_csi_volume_beside_a_drivers_own_file() {
+    let Some(node) = node::shared() else { return };
+    let ns = "csi-view";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.claim_template(ns, "one-nic", "dra.net", "nic");
+    node.csi_driver();
+    let agent = start_agent(node, "drafs-node-view.log");
+    wait_registered(node);
+
+    let mut pod: Value = serde_json::from_str(&gpu_pod(ns, "launcher", "one-gpu")).unwrap();
+    pod["spec"]["resourceClaims"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "nic", "resourceClaimTemplateName": "one-nic"}));
+    let app = &mut pod["spec"]["containers"][0];
+    app["resources"]["claims"].as_array_mut().unwrap().push(json!({"name": "nic"}));
+    // As the launcher of examples/kubevirt-launcher reads it, at its first instruction.
+    let meta = format!("{STANDARD_ROOT}/resourceclaimtemplates/gpu/gpu/{GPU_DRIVER}-metadata.json");
+    let read = format!(
+        "bdf=$(jq -r 'select(.apiVersion == \"metadata.resource.k8s.io/v1beta1\") | .requests[].devices[].attributes[\"resource.kubernetes.io/pciBusID\"].string // empty' {meta} | head -n 1); echo \"pci=$bdf\"; exec sleep 3600"
+    );
+    app["command"] = json!(["sh", "-c", read]);
+    let args = [
+        "inject",
+        "--mode",
+        "csi",
+        "--image",
+        node::DRAFS_IMAGE,
+        "--metadata-dir",
+        STANDARD_ROOT,
+        "--metadata-from-driver",
+        NIC_DRIVER,
+    ];
+    let injected = drafs_with_stdin(&args, &pod.to_string());
+    assert_ok(&injected);
+    let injected = stdout(&injected);
+    assert!(!injected.contains("initContainers"), "no drafs container: {injected}");
+    node.kubectl_apply(&injected);
+    let running = node.wait_running(ns, "launcher");
+    let (_, gpu_device) = node.allocated(ns, &running, "gpu");
+    let pci = node.slice_attribute(GPU_DRIVER, &gpu_device, "resource.kubernetes.io/pciBusID");
+    assert_eq!(log_line(node, ns, "launcher", "app", "pci="), format!("pci={pci}"));
+    assert_eq!(agent_mounts(node, &uid_of(&running)).len(), 2, "a tmpfs for the tree and one for the view");
+
+    // One file per request directory: drafs's for the GPU, the driver's own for the NIC.
+    let listing = node.exec(ns, "launcher", "app", &["sh", "-c", &format!("cd {STANDARD_ROOT} && find . -type f | sort")]);
+    assert_eq!(
+        listing.lines().collect::<Vec<_>>(),
+        [
+            format!("./resourceclaimtemplates/gpu/gpu/{GPU_DRIVER}-metadata.json"),
+            format!("./resourceclaimtemplates/nic/nic/{NIC_DRIVER}-metadata.json")
+        ],
+        "the standard view and nothing else"
+    );
+    let nic = node.exec(ns, "launcher", "app", &["cat", &format!("{STANDARD_ROOT}/resourceclaimtemplates/nic/nic/{NIC_DRIVER}-metadata.json")]);
+    assert!(nic.contains("\"driverName\""), "the NIC driver's own file, not drafs's empty mount point: {nic:?}");
+
+    // The upstream decoder reads drafs's file, and it agrees with the tree's record.
+    let copy = tempfile::tempdir().unwrap();
+    let gpu_dir = copy.path().join("view/resourceclaimtemplates/gpu/gpu");
+    std::fs::create_dir_all(&gpu_dir).unwrap();
+    std::fs::write(gpu_dir.join(format!("{GPU_DRIVER}-metadata.json")), node.exec(ns, "launcher", "app", &["cat", &meta]))
+        .unwrap();
+    // The record of the GPU's claim only: the NIC's file is the driver's, not drafs's.
+    let mut record: Value = serde_json::from_str(&node.exec(ns, "launcher", "app", &["cat", "/dra/.json"])).unwrap();
+    record["claims"].as_array_mut().unwrap().retain(|c| c["name"] == "gpu");
+    std::fs::write(copy.path().join("tree.json"), record.to_string()).unwrap();
+    let out = std::process::Command::new(node.metadata_decoder())
+        .args(["-test.run", "^TestDecodeStandardView$", "-test.v", "-test.count=1"])
+        .env("DRAFS_METADATA_DIR", copy.path().join("view"))
+        .env("DRAFS_TREE_JSON", copy.path().join("tree.json"))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success() && text.contains("decoded and matched"), "the upstream decoder disagrees:\n{text}");
+
+    // The view follows the device, as the tree does.
+    node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (view)"));
+    let mut seen = String::new();
+    let live = wait_for(Duration::from_secs(60), || {
+        seen = node.exec(ns, "launcher", "app", &["cat", &meta]);
+        seen.contains("NVIDIA H200 (view)")
+    });
+    assert!(live, "the standard view did not follow the device: {seen}");
+
+    let uid = uid_of(&running);
+    node.kubectl_ok(&["delete", "pod", "-n", ns, "launcher", "--wait=true", "--timeout=60s"]);
+    let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
+    assert!(gone, "the pod's tmpfs mounts are left: {:?}", agent_mounts(node, &uid));
     kill_agent(agent);
 }
 

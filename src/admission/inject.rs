@@ -544,6 +544,9 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
             csi["volumeAttributes"] = json!({"require": require.join(",")});
         }
         array(spec, "volumes").push(json!({"name": volumes.tree, "csi": csi}));
+        if opts.metadata_dir.is_some() {
+            array(spec, "volumes").push(json!({"name": volumes.metadata, "csi": standard_view_csi(opts)}));
+        }
         return Ok(if own_account {
             Injected::Done
         } else {
@@ -574,6 +577,18 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
     } else {
         Ok(Injected::KeptAccount(spec["serviceAccountName"].as_str().unwrap_or_default().to_string()))
     }
+}
+
+/// The `csi` source of drafs node's standard-view volume (KEP-5304's files,
+/// leaving those of `metadata_from_drivers` to their drivers).
+fn standard_view_csi(opts: &Options) -> Value {
+    use crate::node::request::{METADATA_FROM_DRIVERS_OPTION, VIEW_OPTION};
+    let mut attributes = serde_json::Map::new();
+    attributes.insert(VIEW_OPTION.into(), json!("standard"));
+    if !opts.metadata_from_drivers.is_empty() {
+        attributes.insert(METADATA_FROM_DRIVERS_OPTION.into(), json!(opts.metadata_from_drivers.join(",")));
+    }
+    json!({"driver": opts.csi_driver, "readOnly": true, "volumeAttributes": attributes})
 }
 
 /// The name of a pod's volume that drafs node serves: a `csi` volume of
@@ -744,6 +759,41 @@ spec:
         let spec = &doc["spec"]["template"]["spec"];
         assert_eq!(csi_volume_of(spec, "node.drafs.example"), Some("dra"));
         assert_eq!(csi_volume_of(spec, "drafs.dev"), None);
+    }
+
+    /// KubeVirt's launcher reads the standard view: in csi mode it is a
+    /// second volume of drafs node's, mounted where `--metadata-dir` says.
+    #[test]
+    fn csi_mode_serves_the_standard_view_as_a_second_volume() {
+        let mut o = opts(Mode::Csi);
+        o.metadata_dir = Some("/var/run/kubernetes.io/dra-device-attributes".into());
+        o.metadata_from_drivers = vec!["dra.net".into(), "gpu.example.com".into()];
+        let (out, _) = inject(DEPLOYMENT, &o).unwrap();
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        let spec = &doc["spec"]["template"]["spec"];
+        assert!(spec.get("initContainers").is_none(), "no drafs container: {out}");
+        assert_eq!(
+            spec["volumes"],
+            json!([
+                {"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true}},
+                {"name": "dra-metadata", "csi": {"driver": "drafs.dev", "readOnly": true,
+                 "volumeAttributes": {"view": "standard", "metadataFromDrivers": "dra.net,gpu.example.com"}}}
+            ])
+        );
+        assert_eq!(
+            spec["containers"][0]["volumeMounts"],
+            json!([{"name": "dra", "mountPath": "/dra", "readOnly": true},
+                   {"name": "dra-metadata", "mountPath": "/var/run/kubernetes.io/dra-device-attributes", "readOnly": true}])
+        );
+        // Without drivers of their own, the attribute is left out.
+        o.metadata_from_drivers.clear();
+        let (out, _) = inject(DEPLOYMENT, &o).unwrap();
+        let doc: Value = serde_saphyr::from_str(&out).unwrap();
+        assert_eq!(
+            doc["spec"]["template"]["spec"]["volumes"][1]["csi"]["volumeAttributes"],
+            json!({"view": "standard"})
+        );
+        assert_eq!(inject(&out, &o).unwrap().1, vec![Outcome::AlreadyInjected("Deployment trainer".into())]);
     }
 
     #[test]

@@ -161,7 +161,8 @@ pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Op
         opts.timeout = Some(timeout);
     }
     if mode == Mode::Csi {
-        let for_a_container = [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION]
+        // (The standard view is a second volume of drafs node's: METADATA_DIR_ANNOTATION works.)
+        let for_a_container = [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION]
             .into_iter()
             .find(|a| annotation(a).is_some());
         if let Some(a) = for_a_container {
@@ -214,16 +215,15 @@ mod tests {
                 "{mode:?} runs after prepare"
             );
         }
-        for a in [METADATA_DIR_ANNOTATION, TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
-            let value = if a == TIMEOUT_ANNOTATION {
-                "5m"
-            } else if a == METADATA_DIR_ANNOTATION {
-                "/var/run/x"
-            } else {
-                "true"
-            };
+        for a in [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
+            let value = if a == TIMEOUT_ANNOTATION { "5m" } else { "true" };
             let err = options(&pod(json!({a: value})), Mode::Csi, &Defaults::new("drafs:1")).unwrap_err();
             assert!(err.starts_with(&format!("annotation {a} is for a drafs container")), "{err}");
         }
+        // The standard view is a volume of its own in mode csi.
+        let view = json!({METADATA_DIR_ANNOTATION: "/var/run/x", METADATA_FROM_DRIVERS_ANNOTATION: "dra.net"});
+        let opts = options(&pod(view), Mode::Csi, &Defaults::new("drafs:1")).unwrap();
+        assert_eq!(opts.metadata_dir.as_deref(), Some("/var/run/x"));
+        assert_eq!(opts.metadata_from_drivers, ["dra.net"]);
     }
 }

@@ -32,8 +32,8 @@ impl Config {
         }
         options.ready_when_healthy = args.ready_when_healthy;
         if options.mode == inject::Mode::Csi {
+            // (--metadata-dir is a second volume of drafs node's: the standard view.)
             let flag = [
-                (args.metadata_dir.is_some(), "--metadata-dir"),
                 (args.timeout.is_some(), "--timeout"),
                 (args.ready_when_healthy, "--ready-when-healthy"),
             ]

@@ -26,7 +26,7 @@ use crate::model::tree::RequirePath;
 use crate::publish::events::{self, Events, EventsMode, Note};
 use crate::publish::files::{AtomicDir, DirTurns, RETENTION, Retention, WriteError};
 use crate::publish::fuse::{FuseError, FuseMount};
-use crate::publish::metadata_dir::MetadataDirError;
+use crate::publish::metadata_dir::{MetadataDir, MetadataDirError};
 use crate::publish::metrics::{self, Metrics};
 use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
 
@@ -80,6 +80,9 @@ pub enum TreeBackend {
     Files,
     /// A FUSE mount.
     Fuse,
+    /// No tree: the standard view alone (`metadata_dir`, a node volume of
+    /// `view: standard`).
+    None,
 }
 
 /// Where and how a run publishes (`init`, `serve`).
@@ -198,12 +201,22 @@ impl Run {
                 let retention = if mode == Mode::Follow { RETENTION } else { Retention::NONE };
                 TreeOutput::Files(dir.with_retention(retention))
             }
+            TreeBackend::None => TreeOutput::None,
         };
         let mount_id = match &tree {
             TreeOutput::Fuse(m) => m.mount_id(),
-            TreeOutput::Files(_) => None,
+            TreeOutput::Files(_) | TreeOutput::None => None,
         };
-        let publisher = Publisher::new(tree, out.metadata_dir.as_deref(), &out.metadata_from_drivers)?;
+        let from_drivers = out.metadata_from_drivers.iter().cloned();
+        let metadata = match (&out.metadata_dir, &out.turns) {
+            // The lent lock is the standard view's when there is no tree.
+            (Some(d), Some(turns)) if out.backend == TreeBackend::None => {
+                Some(MetadataDir::taking_turns(d, from_drivers, turns.clone()))
+            }
+            (Some(d), _) => Some(MetadataDir::open(d, from_drivers)?),
+            (None, _) => None,
+        };
+        let publisher = Publisher::new(tree, metadata);
         let wired = (publisher, metrics, out);
         let mut run = Run::wire(source, mode, selection, timeout, out.require.clone(), Some(wired)).await?;
         run.mount_id = mount_id;

@@ -23,6 +23,7 @@ pub struct NodeMetrics {
     /// Cumulative counts per bucket, then the sum in microseconds and the count.
     latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, u64)>,
     volumes: AtomicU64,
+    pods: AtomicU64,
     registered: AtomicBool,
     registration_error: Mutex<Option<String>>,
 }
@@ -80,8 +81,11 @@ impl NodeMetrics {
         *lock(&self.unpublishes).entry(code_name(code)).or_default() += 1;
     }
 
-    pub fn volumes(&self, n: usize) {
-        self.volumes.store(n as u64, Ordering::Relaxed);
+    /// The volumes served, and the pods they belong to (a pod has at most
+    /// one of each view).
+    pub fn served(&self, volumes: usize, pods: usize) {
+        self.volumes.store(volumes as u64, Ordering::Relaxed);
+        self.pods.store(pods as u64, Ordering::Relaxed);
     }
 
     /// The kubelet's answer to the registration.
@@ -130,7 +134,9 @@ impl NodeMetrics {
             sum_us as f64 / 1e6,
         );
         let volumes = self.volumes.load(Ordering::Relaxed);
-        out.single("drafs_node_volumes", Kind::Gauge, "Volumes served (one per pod).", volumes);
+        out.single("drafs_node_volumes", Kind::Gauge, "Volumes served (a tree and a standard view per pod at most).", volumes);
+        let pods = self.pods.load(Ordering::Relaxed);
+        out.single("drafs_node_pods", Kind::Gauge, "Pods served (at most --max-pods).", pods);
         out.single("drafs_node_max_pods", Kind::Gauge, "Pods the agent serves at most (--max-pods).", census.max_pods);
         out.single(
             "drafs_node_failing_runs",
@@ -183,7 +189,7 @@ mod tests {
         m.published(Some(Code::Unavailable), Duration::from_secs(20));
         m.published(Some(Code::ResourceExhausted), Duration::from_micros(40));
         m.unpublished(None);
-        m.volumes(2);
+        m.served(3, 2);
         let text = m.render(&census);
         for line in [
             "drafs_node_publishes_total{code=\"OK\"} 1\n",
@@ -194,7 +200,8 @@ mod tests {
             "drafs_node_publish_duration_seconds_bucket{le=\"20\"} 3\n",
             "drafs_node_publish_duration_seconds_bucket{le=\"+Inf\"} 3\n",
             "drafs_node_publish_duration_seconds_count 3\n",
-            "drafs_node_volumes 2\n",
+            "drafs_node_volumes 3\n",
+            "drafs_node_pods 2\n",
             "drafs_node_max_pods 110\n",
             "drafs_node_slice_watch_up{scope=\"spec.nodeName=n1\"} 1\n",
             "drafs_node_registered 1\n",

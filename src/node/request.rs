@@ -23,6 +23,31 @@ const KUBELET_PREFIX: &str = "csi.storage.k8s.io/";
 /// The volume attributes a pod may set (`volumeAttributes`).
 pub const CLAIMS_OPTION: &str = "claims";
 pub const REQUIRE_OPTION: &str = "require";
+/// `tree` (the default) or `standard`: the KEP-5304 files instead of the tree.
+pub const VIEW_OPTION: &str = "view";
+/// With `view: standard`: drivers that write their own files (`--metadata-from-driver`).
+pub const METADATA_FROM_DRIVERS_OPTION: &str = "metadataFromDrivers";
+
+/// What a volume serves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum View {
+    /// The tree, `<claim>/<request>/<index>/<attribute>`.
+    #[default]
+    Tree,
+    /// The standard (KEP-5304) view, `resourceclaims/<claim>/<request>/<driver>-metadata.json`,
+    /// leaving the files of these drivers to them (the runtime mounts theirs there).
+    Standard { from_drivers: Vec<String> },
+}
+
+impl View {
+    /// The name a pod's volume attribute gives it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            View::Tree => "tree",
+            View::Standard { .. } => "standard",
+        }
+    }
+}
 
 /// A publish, checked.
 #[derive(Clone, PartialEq, Eq)]
@@ -35,6 +60,7 @@ pub struct Publish {
     pub token: String,
     pub selection: Selection,
     pub require: Vec<RequirePath>,
+    pub view: View,
 }
 
 impl std::fmt::Debug for Publish {
@@ -46,6 +72,7 @@ impl std::fmt::Debug for Publish {
             .field("pod_uid", &self.pod_uid)
             .field("selection", &self.selection)
             .field("require", &self.require)
+            .field("view", &self.view)
             .finish_non_exhaustive()
     }
 }
@@ -74,9 +101,13 @@ pub enum RequestError {
     #[error("the target {target} is not a pod volume directory of the kubelet at {kubelet_dir} for pod {uid}")]
     Target { target: String, kubelet_dir: String, uid: String },
     #[error(
-        "unknown volume attribute {0:?}: drafs knows `claims` (claim names, comma-separated) and `require` (tree paths, comma-separated)"
+        "unknown volume attribute {0:?}: drafs knows `claims` (claim names, comma-separated), `require` (tree paths, comma-separated), `view` (tree or standard) and `metadataFromDrivers` (driver names, comma-separated)"
     )]
     UnknownOption(String),
+    #[error("volume attribute `view`: {0:?} is neither `tree` (the default) nor `standard` (the KEP-5304 files)")]
+    View(String),
+    #[error("volume attribute `metadataFromDrivers`: {0}")]
+    FromDrivers(String),
     #[error("volume attribute `require`: {0}")]
     Require(String),
     #[error("volume attribute `require`: {}", crate::model::tree::TreeError::KnownAfterPrepare(.0.clone()))]
@@ -111,8 +142,8 @@ impl Publish {
         // In the request's secrets when the CSIDriver asks for that (KEP-5538), else in its context.
         let tokens = req.secrets.get(TOKENS).or_else(|| ctx.get(TOKENS));
         let token = api_token(tokens.map(String::as_str), driver)?;
-        let (selection, require) = options(ctx)?;
-        Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require })
+        let (selection, require, view) = options(ctx)?;
+        Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require, view })
     }
 }
 
@@ -165,12 +196,24 @@ fn api_token(tokens: Option<&str>, driver: &str) -> Result<String, RequestError>
         .ok_or_else(|| RequestError::NoToken(driver.into()))
 }
 
-fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath>), RequestError> {
+fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath>, View), RequestError> {
     let list = |v: &str| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
-    let (mut claims, mut require) = (Vec::new(), Vec::new());
+    let (mut claims, mut require, mut from_drivers, mut view) = (Vec::new(), Vec::new(), None, View::Tree);
     for (key, value) in ctx {
         match key.as_str() {
             CLAIMS_OPTION => claims = list(value),
+            VIEW_OPTION => match value.trim() {
+                "" | "tree" => view = View::Tree,
+                "standard" => view = View::Standard { from_drivers: Vec::new() },
+                other => return Err(RequestError::View(other.into())),
+            },
+            METADATA_FROM_DRIVERS_OPTION => {
+                let names = list(value)
+                    .iter()
+                    .map(|d| crate::model::names::parse_driver_name(d).map_err(RequestError::FromDrivers))
+                    .collect::<Result<Vec<_>, _>>()?;
+                from_drivers = Some(names);
+            }
             REQUIRE_OPTION => {
                 require = list(value)
                     .iter()
@@ -184,7 +227,16 @@ fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath
             k => return Err(RequestError::UnknownOption(k.into())),
         }
     }
-    Ok((Selection { claims }, require))
+    match (&mut view, from_drivers) {
+        (View::Standard { from_drivers }, Some(names)) => *from_drivers = names,
+        (View::Tree, Some(_)) => {
+            return Err(RequestError::FromDrivers(
+                "applies to the standard view only: set `view: standard` beside it".into(),
+            ));
+        }
+        (_, None) => {}
+    }
+    Ok((Selection { claims }, require, view))
 }
 
 #[cfg(test)]
@@ -256,6 +308,28 @@ mod tests {
         req.volume_context.remove("require");
         req.volume_context.insert("dir".into(), "/".into());
         assert_eq!(check(&req), Err(RequestError::UnknownOption("dir".into())));
+    }
+
+    #[test]
+    fn a_volume_serves_the_tree_or_the_standard_view() {
+        let mut req = request();
+        assert_eq!(check(&req).unwrap().view, View::Tree);
+        req.volume_context.insert(VIEW_OPTION.into(), "tree".into());
+        assert_eq!(check(&req).unwrap().view, View::Tree);
+        req.volume_context.insert(VIEW_OPTION.into(), "standard".into());
+        assert_eq!(check(&req).unwrap().view, View::Standard { from_drivers: vec![] });
+        req.volume_context.insert(METADATA_FROM_DRIVERS_OPTION.into(), "dra.net, gpu.example.com".into());
+        let from_drivers = vec!["dra.net".to_string(), "gpu.example.com".to_string()];
+        assert_eq!(check(&req).unwrap().view, View::Standard { from_drivers });
+
+        req.volume_context.insert(METADATA_FROM_DRIVERS_OPTION.into(), "../etc".into());
+        assert!(matches!(check(&req), Err(RequestError::FromDrivers(_))), "a driver name is a DNS subdomain");
+        req.volume_context.insert(METADATA_FROM_DRIVERS_OPTION.into(), "dra.net".into());
+        req.volume_context.insert(VIEW_OPTION.into(), "tree".into());
+        let err = check(&req).unwrap_err();
+        assert!(err.to_string().contains("view: standard"), "{err}");
+        req.volume_context.insert(VIEW_OPTION.into(), "Standard".into());
+        assert_eq!(check(&req), Err(RequestError::View("Standard".into())));
     }
 
     #[test]

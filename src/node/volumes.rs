@@ -10,8 +10,8 @@
 //! tmpfs of drafs's already at the target (the agent restarted) is taken over
 //! as it is, so the tree stays readable meanwhile.
 //!
-//! One tenant must not cost another its service: a pod gets one volume, the
-//! node serves at most [`Limits::max_pods`] pods (and no other volume of a pod
+//! One tenant must not cost another its service: a pod gets one volume of each
+//! view (the tree, the standard view), the node serves at most [`Limits::max_pods`] pods (and no other volume of a pod
 //! whose volume was unpublished: it is being deleted), each tmpfs is as large as
 //! [`Limits::volume`] allows, and no lock is held across slow work for more
 //! than one volume (the node-wide table is held only to look a volume up).
@@ -34,7 +34,7 @@ use crate::node::credential::{PodToken, client_as};
 use crate::node::grpc::{Code, Status};
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::{AtTarget, Mounts};
-use crate::node::request::{Publish, volume_dir_pod};
+use crate::node::request::{Publish, View, volume_dir_pod};
 use crate::publish::events::EventsMode;
 use crate::publish::files::{DirTurns, Room, WriteError};
 
@@ -106,6 +106,8 @@ struct Slot {
     target: PathBuf,
     pod_uid: String,
     pod: String,
+    /// `tree` or `standard` ([`View::name`]): a pod has at most one of each.
+    view: &'static str,
     state: tokio::sync::Mutex<SlotState>,
 }
 
@@ -130,6 +132,8 @@ impl Slot {
 struct Table {
     /// Every published volume, by volume id.
     slots: HashMap<String, Arc<Slot>>,
+    /// How many of them each pod has, by pod uid.
+    pods: HashMap<String, usize>,
     /// Pods whose volume was unpublished lately, by pod uid.
     ended: HashMap<String, Ended>,
 }
@@ -143,6 +147,22 @@ struct Ended {
 }
 
 impl Table {
+    fn insert(&mut self, slot: Arc<Slot>) {
+        *self.pods.entry(slot.pod_uid.clone()).or_default() += 1;
+        self.slots.insert(slot.volume_id.clone(), slot);
+    }
+
+    fn remove(&mut self, volume_id: &str) -> Option<Arc<Slot>> {
+        let slot = self.slots.remove(volume_id)?;
+        if let Some(n) = self.pods.get_mut(&slot.pod_uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.pods.remove(&slot.pod_uid);
+            }
+        }
+        Some(slot)
+    }
+
     /// Remember that `slot`'s volume was unpublished, forgetting what is older than [`ENDED_MEMORY`].
     fn ended(&mut self, slot: &Slot, now: Instant) {
         self.ended.retain(|_, e| now.duration_since(e.at) < ENDED_MEMORY);
@@ -258,24 +278,25 @@ impl<M: Mounts> Volumes<M> {
             }
             return Ok(slot.clone());
         }
-        if let Some(other) = slots.values().find(|s| s.pod_uid == p.pod_uid) {
+        let view = p.view.name();
+        if let Some(other) = slots.values().find(|s| s.pod_uid == p.pod_uid && s.view == view) {
             return Err(Status::new(
                 Code::FailedPrecondition,
                 format!(
-                    "pod {} has a drafs volume already ({:?}): drafs serves one per pod; mount that one in each container that reads the tree",
+                    "pod {} has a drafs volume of view {view} already ({:?}): drafs serves one of each view per pod; mount that one in each container that reads it",
                     other.pod,
                     other.volume_name()
                 ),
             ));
         }
         table.refuse_after_end(p, Instant::now())?;
-        let slots = &mut table.slots;
-        if slots.len() >= self.limits.max_pods {
+        // A pod's second view is no new pod.
+        if !table.pods.contains_key(&p.pod_uid) && table.pods.len() >= self.limits.max_pods {
             return Err(Status::new(
                 Code::ResourceExhausted,
                 format!(
                     "drafs on this node serves {} pods already, its limit (drafs node --max-pods); the pod waits until another one goes",
-                    slots.len()
+                    table.pods.len()
                 ),
             ));
         }
@@ -284,10 +305,11 @@ impl<M: Mounts> Volumes<M> {
             target: p.target.clone(),
             pod_uid: p.pod_uid.clone(),
             pod: format!("{}/{}", p.pod.namespace, p.pod.name),
+            view,
             state: Default::default(),
         });
-        slots.insert(p.volume_id.clone(), slot.clone());
-        self.metrics.volumes(slots.len());
+        table.insert(slot.clone());
+        self.metrics.served(table.slots.len(), table.pods.len());
         Ok(slot)
     }
 
@@ -296,12 +318,12 @@ impl<M: Mounts> Volumes<M> {
     fn forget(&self, slot: &Arc<Slot>, unpublished: bool) {
         let mut table = self.table();
         if table.slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            table.slots.remove(&slot.volume_id);
+            table.remove(&slot.volume_id);
             if unpublished {
                 table.ended(slot, Instant::now());
             }
         }
-        self.metrics.volumes(table.slots.len());
+        self.metrics.served(table.slots.len(), table.pods.len());
     }
 
     /// Mount and lock the tree if not yet, and make sure a run serves it with
@@ -429,7 +451,11 @@ impl<M: Mounts> Volumes<M> {
     /// Stop every run, leaving the trees mounted and readable (the agent stops
     /// or is upgraded; the next publish of each volume makes it live again).
     pub async fn stop_all(&self) {
-        let slots: Vec<Arc<Slot>> = self.table().slots.drain().map(|(_, s)| s).collect();
+        let slots: Vec<Arc<Slot>> = {
+            let mut table = self.table();
+            table.pods.clear();
+            table.slots.drain().map(|(_, s)| s).collect()
+        };
         futures::future::join_all(slots.iter().map(|slot| async move {
             let mut state = slot.state.lock().await;
             state.gone = true;
@@ -482,11 +508,16 @@ impl<M: Mounts> Volumes<M> {
         let (poke, poked) = watch::channel(0);
         let polling = Polling { poke: poked, live_until: (Instant::now() + self.timing.watch_for).into() };
         let sharing = Some(Sharing { slices: self.slices.clone(), polling });
+        // The tree, or the standard view alone, written at the target.
+        let (backend, metadata_dir, metadata_from_drivers) = match &p.view {
+            View::Tree => (TreeBackend::Files, None, Vec::new()),
+            View::Standard { from_drivers } => (TreeBackend::None, Some(p.target.clone()), from_drivers.clone()),
+        };
         let publishing = Publishing {
-            backend: TreeBackend::Files,
+            backend,
             dir: p.target.clone(),
-            metadata_dir: None,
-            metadata_from_drivers: Vec::new(),
+            metadata_dir,
+            metadata_from_drivers,
             require: p.require.clone(),
             metrics_addr: None,
             events: EventsMode::Warnings,
@@ -525,7 +556,7 @@ impl<M: Mounts> Volumes<M> {
             }
             .in_current_span(),
         );
-        info!(target = %p.target.display(), "publishing");
+        info!(target = %p.target.display(), view = p.view.name(), "publishing");
         Ok(VolumeRun { progress, stop: Some(stop), task, token, poke, poked: Instant::now() })
     }
 }

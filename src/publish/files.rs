@@ -193,6 +193,11 @@ impl DirTurns {
     pub fn take(dir: &Path) -> Result<Arc<DirTurns>, WriteError> {
         Ok(Arc::new(DirTurns { _lock: DirLock::take(dir)?, turn: Mutex::new(()) }))
     }
+
+    /// This writer's turn: held for one write.
+    pub fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl AtomicDir {
@@ -241,7 +246,7 @@ impl AtomicDir {
         }
         self.lock()?;
         let turns = self.lock.clone().expect("locked above");
-        let _turn = turns.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let _turn = turns.turn();
         let now = Instant::now();
         let top = tree.top_level();
         self.check_top_level(&top)?;

@@ -21,7 +21,10 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use crate::model::metadata::Generations;
+use crate::publish::files::DirTurns;
 use crate::model::tree::Tree;
 
 /// Files are small (one claim's devices); anything bigger is not drafs's.
@@ -75,8 +78,9 @@ pub struct MetadataDir {
     driver_owned: BTreeSet<String>,
     /// What drafs last wrote at each path, to skip unchanged files.
     written: BTreeMap<String, Vec<u8>>,
-    /// One writer per directory, as for the tree.
-    lock: Option<crate::publish::files::DirLock>,
+    /// One writer per directory, as for the tree (held, or lent by the node
+    /// agent's volume to each of its runs in turn).
+    lock: Option<Arc<DirTurns>>,
 }
 
 impl MetadataDir {
@@ -97,9 +101,19 @@ impl MetadataDir {
     ) -> Result<Self, MetadataDirError> {
         let mut out = Self::new(dir, driver_owned);
         if out.dir.is_dir() {
-            out.lock = Some(crate::publish::files::DirLock::take(&out.dir)?);
+            out.lock = Some(DirTurns::take(&out.dir)?);
         }
         Ok(out)
+    }
+
+    /// Write into a directory whose lock the caller holds and lends to each
+    /// of its writers in turn (the node agent's standard-view volume).
+    pub fn taking_turns(
+        dir: impl Into<PathBuf>,
+        driver_owned: impl IntoIterator<Item = String>,
+        turns: Arc<DirTurns>,
+    ) -> Self {
+        MetadataDir { lock: Some(turns), ..Self::new(dir, driver_owned) }
     }
 
     pub fn path(&self) -> &Path {
@@ -150,8 +164,10 @@ impl MetadataDir {
             Err(e) => return Err(io_err("open", &self.dir)(e)),
         }
         if self.lock.is_none() {
-            self.lock = Some(crate::publish::files::DirLock::take(&self.dir)?);
+            self.lock = Some(DirTurns::take(&self.dir)?);
         }
+        let turns = self.lock.clone().expect("locked above");
+        let _turn = turns.turn();
         for (rel, content) in &files {
             if self.owned_by_driver(rel) || self.written.get(*rel).map(Vec::as_slice) != Some(*content) {
                 self.check(rel)?;

@@ -21,10 +21,12 @@ use crate::publish::fuse::FuseMount;
 use crate::publish::metadata_dir::{MetadataDir, MetadataDirError, read_generations};
 use crate::publish::metrics::Metrics;
 
-/// Where the tree goes: files swapped atomically, or a FUSE mount.
+/// Where the tree goes: files swapped atomically, a FUSE mount, or nowhere
+/// (a node volume of the standard view alone).
 pub enum TreeOutput {
     Files(AtomicDir),
     Fuse(FuseMount),
+    None,
 }
 
 /// An output that could not be written.
@@ -45,26 +47,22 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// Takes the metadata directory for this writer (a second one is refused),
-    /// leaving the files of `from_drivers` to those drivers.
-    pub fn new(
-        tree: TreeOutput,
-        metadata_dir: Option<&Path>,
-        from_drivers: &[String],
-    ) -> Result<Self, MetadataDirError> {
+    /// The tree's output and the standard view's, if asked for (its
+    /// directory taken for this writer: [`MetadataDir::open`]).
+    pub fn new(tree: TreeOutput, metadata: Option<MetadataDir>) -> Self {
         // Generations go on from what is in the directory (a restart, or serve after init).
-        let metadata = match metadata_dir {
-            Some(d) => Some((MetadataDir::open(d, from_drivers.iter().cloned())?, read_generations(d))),
-            None => None,
-        };
-        Ok(Publisher { tree, metadata })
+        let metadata = metadata.map(|dir| {
+            let generations = read_generations(dir.path());
+            (dir, generations)
+        });
+        Publisher { tree, metadata }
     }
 
     /// Remove the superseded payloads of the tree whose time is up.
     pub fn tidy(&mut self) -> Result<(), PublishError> {
         match &mut self.tree {
             TreeOutput::Files(dir) => dir.tidy(std::time::Instant::now()).map(|_| ()).map_err(PublishError::Tree),
-            TreeOutput::Fuse(_) => Ok(()),
+            TreeOutput::Fuse(_) | TreeOutput::None => Ok(()),
         }
     }
 
@@ -72,7 +70,7 @@ impl Publisher {
     pub fn next_tidy(&self) -> Option<std::time::Instant> {
         match &self.tree {
             TreeOutput::Files(dir) => dir.next_tidy(),
-            TreeOutput::Fuse(_) => None,
+            TreeOutput::Fuse(_) | TreeOutput::None => None,
         }
     }
 
@@ -101,6 +99,7 @@ impl Publisher {
                 }
             }
             TreeOutput::Fuse(mount) => mount.update(&built.tree),
+            TreeOutput::None => {}
         }
         failed.map_or(Ok(()), Err)
     }

@@ -582,6 +582,12 @@ impl Node {
         &self.work
     }
 
+    /// The Go test binary that decodes standard-view files with the upstream
+    /// decoder (tests/go/metadata_test.go, as the kube tier runs it).
+    pub fn metadata_decoder(&self) -> PathBuf {
+        self.bin.join("metadata.test")
+    }
+
     /// The mount table of the node's mount namespace (where the kubelet and the pods' volumes are).
     pub fn mountinfo(&self) -> String {
         std::fs::read_to_string(format!("/proc/{}/mountinfo", self.ns_pid)).unwrap_or_default()
