@@ -596,3 +596,121 @@ fn check_probes_every_webhook_at_once_within_one_timeout() {
     // The other requests go to the stand-in (404s at once): the probes are the wait.
     assert!(elapsed < Duration::from_secs(8), "check took {elapsed:?} for 20 hanging webhooks with --timeout 2s");
 }
+
+/// `drafs check --installation` before any pod lands: the chart's CSIDriver,
+/// the driver the webhook's volumes name, a ready agent registered with the
+/// kubelet on every Linux node (the nodes without one named), and drafs's
+/// RBAC for the accounts of the pods that use the volume. No kubelet here:
+/// the nodes, the agents' pods (from the chart's DaemonSet template) and their
+/// registrations (CSINodes) are written as a kubelet would write them.
+#[test]
+fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_accounts_without_rbac() {
+    let Some(cp) = controlplane::private() else { return };
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let out = helm::run(
+        &cp,
+        &["install", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system", "--set", "node.enabled=true"],
+    );
+    assert!(out.status.success(), "helm install: {}", stderr(&out));
+    for (node, os) in [("node-a", "linux"), ("node-b", "linux"), ("win-1", "windows")] {
+        cp.ensure(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"kubernetes.io/os": os}}}));
+    }
+    let daemonset = cp
+        .get(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "drafs-node", "namespace": "drafs-system"}}))
+        .expect("the chart's DaemonSet");
+    let template = &daemonset["spec"]["template"];
+    // An agent's pod on `node`, as the DaemonSet controller and the kubelet make it.
+    let agent = |node: &str, ready: bool| {
+        let mut spec = template["spec"].clone();
+        spec["nodeName"] = json!(node);
+        let pod = cp.create(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("drafs-node-{node}"), "namespace": "drafs-system", "labels": template["metadata"]["labels"]},
+            "spec": spec}));
+        let status = if ready { "True" } else { "False" };
+        cp.patch_status(&pod, &json!({"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}));
+    };
+    let registered = |node: &str| {
+        cp.ensure(&json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node},
+                          "spec": {"drivers": [{"name": "drafs.dev", "nodeID": node}]}}));
+    };
+    agent("node-a", true);
+    registered("node-a");
+
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["pod"], Value::Null);
+    let driver = named(&report, "csi-driver");
+    assert_eq!(driver["status"], "ok", "{driver:#}");
+    assert_eq!(driver["details"]["webhookDriver"], "drafs.dev", "{driver:#}");
+    let agents = named(&report, "agents");
+    assert_eq!(agents["status"], "fail", "{agents:#}");
+    assert_eq!(agents["details"]["withoutAgent"], json!(["node-b"]), "the Windows node is not counted: {agents:#}");
+    assert!(agents["message"].as_str().unwrap().contains("no agent on node-b"), "{agents:#}");
+    assert_eq!(named(&report, "volume-rbac")["status"], "ok", "{report:#}");
+    let text = stdout(&check(&cp, &["--installation"]));
+    assert!(text.starts_with("drafs check: drafs node's installation\n"), "{text}");
+    assert!(text.contains("fix: kubectl get pods -A -l app.kubernetes.io/name=drafs-node"), "{text}");
+
+    // node-b: an agent not ready, then ready but not registered, then registered.
+    agent("node-b", false);
+    let (_, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(named(&report, "agents")["details"]["agentNotReady"], json!(["node-b"]), "{report:#}");
+    cp.raw(
+        "DELETE",
+        "/api/v1/namespaces/drafs-system/pods/drafs-node-node-b?gracePeriodSeconds=0",
+        None,
+        "application/json",
+    )
+    .unwrap();
+    wait_until("the unready agent's pod to go", Duration::from_secs(30), || {
+        cp.get(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "drafs-node-node-b", "namespace": "drafs-system"}}))
+            .is_none()
+    });
+    agent("node-b", true);
+    let (_, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(named(&report, "agents")["details"]["notRegistered"], json!(["node-b"]), "{report:#}");
+    registered("node-b");
+
+    // A pod using the volume, as an account without drafs's RBAC.
+    namespace(&cp, "apps", json!({}));
+    let mut p = pod("apps", "app", json!({}));
+    p["spec"]["serviceAccountName"] = json!("default");
+    p["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true}}]);
+    cp.create(&p);
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(named(&report, "agents")["status"], "ok", "{report:#}");
+    let rbac = named(&report, "volume-rbac");
+    assert_eq!(rbac["status"], "fail", "{rbac:#}");
+    assert_eq!(rbac["fix"], "drafs manifests rbac -n apps --service-account default | kubectl apply -f -", "{rbac:#}");
+    apply_rbac(&cp, "apps", &["--service-account", "default"]);
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 0, "a clean installation: {report:#}");
+
+    // The webhook's volumes name another driver than the one installed.
+    let (status, list) =
+        cp.raw("GET", "/apis/apps/v1/namespaces/drafs-system/deployments", None, "application/json").unwrap();
+    assert_eq!(status, 200, "{list}");
+    let list: Value = serde_json::from_str(&list).unwrap();
+    let mut webhook = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].to_string().contains("\"webhook\""))
+        .expect("the chart's webhook Deployment")
+        .clone();
+    let args = webhook["spec"]["template"]["spec"]["containers"][0]["args"].as_array_mut().unwrap();
+    args.retain(|a| !a.as_str().unwrap().starts_with("--csi-driver"));
+    args.push(json!("--csi-driver=node.drafs.example"));
+    let path =
+        format!("/apis/apps/v1/namespaces/drafs-system/deployments/{}", webhook["metadata"]["name"].as_str().unwrap());
+    let (status, answer) = cp.raw("PUT", &path, Some(&webhook), "application/json").unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 1, "{report:#}");
+    let driver = named(&report, "csi-driver");
+    assert!(
+        driver["message"].as_str().unwrap().starts_with("the webhook gives pods volumes of driver node.drafs.example"),
+        "{driver:#}"
+    );
+}

@@ -194,7 +194,8 @@ fn a_launcher_reads_the_standard_view_from_a_csi_volume_beside_a_drivers_own_fil
     assert_eq!(agent_mounts(node, &uid_of(&running)).len(), 2, "a tmpfs for the tree and one for the view");
 
     // One file per request directory: drafs's for the GPU, the driver's own for the NIC.
-    let listing = node.exec(ns, "launcher", "app", &["sh", "-c", &format!("cd {STANDARD_ROOT} && find . -type f | sort")]);
+    let listing =
+        node.exec(ns, "launcher", "app", &["sh", "-c", &format!("cd {STANDARD_ROOT} && find . -type f | sort")]);
     assert_eq!(
         listing.lines().collect::<Vec<_>>(),
         [
@@ -203,15 +204,23 @@ fn a_launcher_reads_the_standard_view_from_a_csi_volume_beside_a_drivers_own_fil
         ],
         "the standard view and nothing else"
     );
-    let nic = node.exec(ns, "launcher", "app", &["cat", &format!("{STANDARD_ROOT}/resourceclaimtemplates/nic/nic/{NIC_DRIVER}-metadata.json")]);
+    let nic = node.exec(
+        ns,
+        "launcher",
+        "app",
+        &["cat", &format!("{STANDARD_ROOT}/resourceclaimtemplates/nic/nic/{NIC_DRIVER}-metadata.json")],
+    );
     assert!(nic.contains("\"driverName\""), "the NIC driver's own file, not drafs's empty mount point: {nic:?}");
 
     // The upstream decoder reads drafs's file, and it agrees with the tree's record.
     let copy = tempfile::tempdir().unwrap();
     let gpu_dir = copy.path().join("view/resourceclaimtemplates/gpu/gpu");
     std::fs::create_dir_all(&gpu_dir).unwrap();
-    std::fs::write(gpu_dir.join(format!("{GPU_DRIVER}-metadata.json")), node.exec(ns, "launcher", "app", &["cat", &meta]))
-        .unwrap();
+    std::fs::write(
+        gpu_dir.join(format!("{GPU_DRIVER}-metadata.json")),
+        node.exec(ns, "launcher", "app", &["cat", &meta]),
+    )
+    .unwrap();
     // The record of the GPU's claim only: the NIC's file is the driver's, not drafs's.
     let mut record: Value = serde_json::from_str(&node.exec(ns, "launcher", "app", &["cat", "/dra/.json"])).unwrap();
     record["claims"].as_array_mut().unwrap().retain(|c| c["name"] == "gpu");
@@ -335,6 +344,26 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     let uuid = node.slice_attribute(&driver, &device, "uuid");
     assert_eq!(log_line(node, ns, "injected", "app", "uuid="), format!("uuid={uuid}"));
 
+    // `drafs check --installation` sees the chart's agent ready and registered
+    // on the node, and this namespace's pods' account with drafs's RBAC
+    // (other tests' pods are theirs to judge).
+    let mut check = node.in_node(drafs_bin());
+    check.args(["check", "--installation", "-o", "json"]).env("KUBECONFIG", node.admin_kubeconfig());
+    let out = check.output().unwrap();
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    let named = |name: &str| {
+        report["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned().unwrap_or(Value::Null)
+    };
+    for name in ["csi-driver", "agents"] {
+        assert_eq!(named(name)["status"], "ok", "{report:#}");
+    }
+    assert_eq!(named("agents")["details"]["linuxNodes"], 1, "{report:#}");
+    let volume_rbac = named("volume-rbac");
+    let accounts = volume_rbac["details"]["accounts"].as_array().unwrap();
+    assert!(accounts.contains(&json!(format!("{ns}/drafs"))), "{volume_rbac:#}");
+    let lacking = volume_rbac["details"]["lacking"].to_string();
+    assert!(!lacking.contains(&format!("\"{ns}/")), "{volume_rbac:#}");
+
     // The agent's own account may read the slices and nothing else: the
     // pod and its claims were read as the pod.
     let can = |verb: &str, what: &str| {
@@ -442,7 +471,7 @@ fn a_hostile_pod_leaves_every_other_pod_on_the_node_served() {
     let mut events = String::new();
     let told = wait_for(Duration::from_secs(90), || {
         events = node.kubectl_ok(&["get", "events", "-n", ns, "--field-selector", "involvedObject.name=hostile"]);
-        events.contains("FailedMount") && events.contains("has a drafs volume already")
+        events.contains("FailedMount") && events.contains("has a drafs volume of view tree already")
     });
     assert!(
         told,

@@ -13,13 +13,17 @@ use serde_json::{Value, json};
 
 mod configuration;
 mod injection;
+mod installation;
 mod node;
 mod pod;
 mod rbac;
 mod webhook;
 
-pub use configuration::{ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_namespace_mode};
+pub use configuration::{
+    ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_namespace_mode,
+};
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
+pub use installation::{AccountAccess, AgentPod, agents, csi_driver, volume_rbac};
 pub use node::node_agent;
 pub use pod::{drafs_container, pod_status};
 pub use rbac::rbac;
@@ -88,6 +92,9 @@ impl Report {
     }
 
     fn subject(&self) -> String {
+        if self.namespace.is_empty() && self.pod.is_none() {
+            return "drafs node's installation".to_string();
+        }
         match &self.pod {
             Some(pod) => format!("pod {}/{pod}", self.namespace),
             None => format!("namespace {}", self.namespace),

@@ -162,9 +162,8 @@ pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Op
     }
     if mode == Mode::Csi {
         // (The standard view is a second volume of drafs node's: METADATA_DIR_ANNOTATION works.)
-        let for_a_container = [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION]
-            .into_iter()
-            .find(|a| annotation(a).is_some());
+        let for_a_container =
+            [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION].into_iter().find(|a| annotation(a).is_some());
         if let Some(a) = for_a_container {
             return Err(format!(
                 "annotation {a} is for a drafs container; mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"

@@ -40,6 +40,8 @@ pub struct Config {
     pub timeout: Duration,
     /// The CSI driver a pod's drafs volume names (mode csi).
     pub csi_driver: String,
+    /// Check drafs node across the cluster instead of a namespace or a pod.
+    pub installation: bool,
 }
 
 impl Config {
@@ -61,6 +63,7 @@ impl Config {
             warn_days: i64::from(args.expiry_warning_days),
             timeout: args.timeout,
             csi_driver: args.csi.csi_driver.clone(),
+            installation: args.installation,
         })
     }
 }
@@ -69,8 +72,12 @@ pub async fn run(c: Config) -> Result<(), Failure> {
     let client = Client::try_default().await.map_err(|e| {
         Failure::Usage(format!("no cluster to check: {}", e.to_string().replace("'\"", "'").replace("\"'", "'")))
     })?;
-    let namespace = c.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let report = gather(&client, &c, &namespace).await;
+    let report = if c.installation {
+        installation(&client, &c).await
+    } else {
+        let namespace = c.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+        gather(&client, &c, &namespace).await
+    };
     let text = match c.output {
         CheckOutput::Text => report.to_text(),
         CheckOutput::Json => format!("{:#}\n", report.to_json()),
@@ -268,6 +275,16 @@ fn failed(name: &'static str, message: String) -> Check {
 /// The webhook's `--namespace-mode`, read from the Deployment behind the
 /// entries' Service (`None`: a URL entry, or not readable).
 async fn namespace_mode(client: &Client, limit: Duration, entries: &[(String, &MutatingWebhook)]) -> Option<Mode> {
+    let (deployments, selector) = webhook_deployments(client, limit, entries).await?;
+    check::webhook_namespace_mode(&deployments, &selector)
+}
+
+/// The Deployments of the namespace of the entries' Service, and its selector.
+async fn webhook_deployments(
+    client: &Client,
+    limit: Duration,
+    entries: &[(String, &MutatingWebhook)],
+) -> Option<(Vec<Deployment>, std::collections::BTreeMap<String, String>)> {
     let service = entries.iter().find_map(|(_, e)| e.client_config.service.as_ref())?;
     let svc =
         bounded(limit, Api::<Service>::namespaced(client.clone(), &service.namespace).get(&service.name)).await.ok()?;
@@ -276,7 +293,132 @@ async fn namespace_mode(client: &Client, limit: Duration, entries: &[(String, &M
         bounded(limit, Api::<Deployment>::namespaced(client.clone(), &service.namespace).list(&ListParams::default()))
             .await
             .ok()?;
-    check::webhook_namespace_mode(&deployments.items, &selector)
+    Some((deployments.items, selector))
+}
+
+/// The label of the chart's node agents (its DaemonSet's selector).
+const AGENT_LABEL: &str = "app.kubernetes.io/name=drafs-node";
+/// Pods read per page, and the most pages, when looking for the volume's users.
+const POD_PAGE: u32 = 500;
+const POD_PAGES: usize = 40;
+/// Service accounts whose RBAC is asked about, at most.
+const ACCOUNTS_ASKED: usize = 20;
+
+/// `check --installation`: drafs node across the cluster.
+async fn installation(client: &Client, c: &Config) -> Report {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+    let name = c.csi_driver.as_str();
+    let mut checks = Vec::new();
+
+    // The CSIDriver, and the driver the webhook's volumes name.
+    let (configurations, _) = configurations(client, c).await;
+    let entries = check::drafs_entries(&configurations);
+    let webhook_driver = match webhook_deployments(client, c.timeout, &entries).await {
+        Some((deployments, selector)) => check::webhook_csi_driver(&deployments, &selector),
+        None => None,
+    };
+    match bounded(c.timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
+        Ok(driver) => {
+            let driver = driver.and_then(|d| serde_json::to_value(d).ok());
+            checks.push(check::csi_driver(name, driver.as_ref(), webhook_driver.as_deref()));
+        }
+        Err(e) => checks.push(failed("csi-driver", format!("cannot read CSIDriver {name}: {e}"))),
+    }
+
+    // An agent, ready and registered, on every Linux node.
+    let linux = ListParams::default().labels("kubernetes.io/os=linux");
+    let nodes = bounded(c.timeout, Api::<Node>::all(client.clone()).list(&linux)).await;
+    let agents =
+        bounded(c.timeout, Api::<Pod>::all(client.clone()).list(&ListParams::default().labels(AGENT_LABEL))).await;
+    let csinodes = bounded(c.timeout, Api::<CSINode>::all(client.clone()).list(&ListParams::default())).await;
+    match (nodes, agents, csinodes) {
+        (Ok(nodes), Ok(agents), Ok(csinodes)) => {
+            let nodes: Vec<String> = nodes.items.into_iter().filter_map(|n| n.metadata.name).collect();
+            let agents: Vec<check::AgentPod> = agents.items.iter().filter_map(|p| agent_pod(p, name)).collect();
+            let registered = csinodes
+                .items
+                .into_iter()
+                .filter_map(|n| Some((n.metadata.name?, n.spec.drivers.iter().any(|d| d.name == name))))
+                .collect();
+            checks.push(check::agents(name, &nodes, &agents, &registered));
+        }
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            checks.push(failed("agents", format!("cannot list the nodes, the agents and the CSINodes: {e}")))
+        }
+    }
+
+    // The RBAC of the accounts whose pods use the volume (the agent reads as each pod).
+    match volume_accounts(client, c.timeout, name).await {
+        Ok((accounts, more_pods)) => {
+            let unchecked = accounts.len().saturating_sub(ACCOUNTS_ASKED) + usize::from(more_pods);
+            let mut answers = Vec::new();
+            for (ns, account) in accounts.into_iter().take(ACCOUNTS_ASKED) {
+                let access = access(client, c.timeout, &ns, &account).await;
+                answers.push(((ns, account), access));
+            }
+            checks.push(check::volume_rbac(name, &answers, unchecked));
+        }
+        Err(e) => checks.push(failed("volume-rbac", format!("cannot list the pods: {e}"))),
+    }
+    Report { namespace: String::new(), pod: None, checks }
+}
+
+/// A pod of drafs node serving `driver` (its `--driver-name`), or None.
+fn agent_pod(pod: &Pod, driver: &str) -> Option<check::AgentPod> {
+    let spec = pod.spec.as_ref()?;
+    let serves = spec.containers.iter().any(|c| {
+        let args = c.args.clone().unwrap_or_default();
+        if args.first().map(String::as_str) != Some("node") {
+            return false;
+        }
+        let named = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--driver-name=").map(str::to_string))
+            .or_else(|| c.env.iter().flatten().find(|e| e.name == "DRAFS_DRIVER_NAME").and_then(|e| e.value.clone()));
+        named.as_deref().unwrap_or(crate::node::DEFAULT_DRIVER) == driver
+    });
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    serves.then(|| check::AgentPod {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        node: spec.node_name.clone().unwrap_or_default(),
+        ready,
+    })
+}
+
+/// The (namespace, service account) of every pod with a `driver` volume,
+/// read a page at a time; true when there were more pods than it reads.
+async fn volume_accounts(
+    client: &Client,
+    limit: Duration,
+    driver: &str,
+) -> Result<(std::collections::BTreeSet<(String, String)>, bool), CallError> {
+    let api = Api::<Pod>::all(client.clone());
+    let mut accounts = std::collections::BTreeSet::new();
+    let mut params = ListParams::default().limit(POD_PAGE);
+    for _ in 0..POD_PAGES {
+        let page = bounded(limit, api.list(&params)).await?;
+        for pod in &page.items {
+            let Some(spec) = &pod.spec else { continue };
+            let uses = spec.volumes.iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver));
+            if uses {
+                let account = spec.service_account_name.clone().filter(|a| !a.is_empty());
+                accounts.insert((
+                    pod.metadata.namespace.clone().unwrap_or_default(),
+                    account.unwrap_or_else(|| "default".into()),
+                ));
+            }
+        }
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok((accounts, false)),
+        }
+    }
+    Ok((accounts, true))
 }
 
 /// Whether `account` may do what drafs needs, one SubjectAccessReview per

@@ -179,6 +179,11 @@ pub struct CheckArgs {
     /// How long each request may take.
     #[arg(long, env = "DRAFS_CHECK_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    /// Check drafs node across the cluster instead of a namespace or a pod: the CSIDriver (and the
+    /// driver the webhook's volumes name), an agent ready and registered on every Linux node, and the
+    /// RBAC of the service accounts whose pods use the volume.
+    #[arg(long, conflicts_with_all = ["pod", "namespace", "service_account"])]
+    pub installation: bool,
     #[command(flatten)]
     pub csi: CsiDriverArgs,
 }

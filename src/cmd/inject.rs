@@ -33,12 +33,9 @@ impl Config {
         options.ready_when_healthy = args.ready_when_healthy;
         if options.mode == inject::Mode::Csi {
             // (--metadata-dir is a second volume of drafs node's: the standard view.)
-            let flag = [
-                (args.timeout.is_some(), "--timeout"),
-                (args.ready_when_healthy, "--ready-when-healthy"),
-            ]
-            .into_iter()
-            .find_map(|(set, flag)| set.then_some(flag));
+            let flag = [(args.timeout.is_some(), "--timeout"), (args.ready_when_healthy, "--ready-when-healthy")]
+                .into_iter()
+                .find_map(|(set, flag)| set.then_some(flag));
             if let Some(flag) = flag {
                 return Err(Failure::Usage(format!(
                     "{flag} is for a drafs container; --mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"

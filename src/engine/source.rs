@@ -206,7 +206,10 @@ impl Engine {
                     if let Some(polling) = &self.polling {
                         let left = polling.live_until.saturating_duration_since(Instant::now());
                         if left.is_zero() {
-                            let task = tokio::spawn(parked_watch(ctx, resource_version, after, polling.poke.clone()));
+                            // A poke from now on asks again, even one that comes before the task runs.
+                            let seen = *polling.poke.borrow();
+                            let poke = polling.poke.clone();
+                            let task = tokio::spawn(parked_watch(ctx, resource_version, after, poke, seen));
                             self.replace_task(scope, task);
                             continue;
                         }
@@ -454,14 +457,20 @@ async fn watch_scope(ctx: ScopeContext, resource_version: String, after: Duratio
 /// version to come, short enough to cost the API server nothing after.
 const POLL_SECONDS: u32 = 1;
 
-/// A watch that waits to be poked, then asks for what changed since the
-/// version (a watch the server closes after [`POLL_SECONDS`]). Its `lasted`
-/// counts from the wait's start: a poll is not a watch cut short.
-async fn parked_watch(ctx: ScopeContext, resource_version: String, after: Duration, mut poke: watch::Receiver<u64>) {
+/// A watch that waits to be poked (past `seen`, the count when it was
+/// parked), then asks for what changed since the version (a watch the server
+/// closes after [`POLL_SECONDS`]). Its `lasted` counts from the wait's start:
+/// a poll is not a watch cut short.
+async fn parked_watch(
+    ctx: ScopeContext,
+    resource_version: String,
+    after: Duration,
+    mut poke: watch::Receiver<u64>,
+    seen: u64,
+) {
     let started = Instant::now();
     tokio::time::sleep(after).await;
-    poke.borrow_and_update();
-    if poke.changed().await.is_err() {
+    if poke.wait_for(|n| *n > seen).await.is_err() {
         return;
     }
     watch_from(ctx, resource_version, POLL_SECONDS, started).await

@@ -134,7 +134,12 @@ impl NodeMetrics {
             sum_us as f64 / 1e6,
         );
         let volumes = self.volumes.load(Ordering::Relaxed);
-        out.single("drafs_node_volumes", Kind::Gauge, "Volumes served (a tree and a standard view per pod at most).", volumes);
+        out.single(
+            "drafs_node_volumes",
+            Kind::Gauge,
+            "Volumes served (a tree and a standard view per pod at most).",
+            volumes,
+        );
         let pods = self.pods.load(Ordering::Relaxed);
         out.single("drafs_node_pods", Kind::Gauge, "Pods served (at most --max-pods).", pods);
         out.single("drafs_node_max_pods", Kind::Gauge, "Pods the agent serves at most (--max-pods).", census.max_pods);

@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::model::metadata::Generations;
-use crate::publish::files::DirTurns;
 use crate::model::tree::Tree;
+use crate::publish::files::DirTurns;
 
 /// Files are small (one claim's devices); anything bigger is not drafs's.
 const MAX_FILE: u64 = 4 << 20;

@@ -527,6 +527,8 @@ fn resource_of(kind: &str) -> (&'static str, bool) {
         "VirtualMachineInstance" => ("virtualmachineinstances", true),
         "CustomResourceDefinition" => ("customresourcedefinitions", false),
         "CSIDriver" => ("csidrivers", false),
+        "CSINode" => ("csinodes", false),
+        "Node" => ("nodes", false),
         other => panic!("the control-plane helper does not know kind {other}"),
     }
 }

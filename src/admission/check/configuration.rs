@@ -134,6 +134,27 @@ pub fn configuration(configurations: &[MutatingWebhookConfiguration]) -> Check {
 /// Service's endpoints are written by hand), where an empty label selector
 /// would select them all.
 pub fn webhook_namespace_mode(deployments: &[Deployment], service_selector: &BTreeMap<String, String>) -> Option<Mode> {
+    let container = webhook_container(deployments, service_selector)?;
+    let text = setting(container, "--namespace-mode", "DRAFS_NAMESPACE_MODE")
+        .unwrap_or_else(|| Mode::Init.label().to_string());
+    policy::parse_mode(&text).ok()
+}
+
+/// The CSI driver the webhook's mode csi names (`--csi-driver`, its
+/// default when unset), read from the same Deployment.
+pub fn webhook_csi_driver(deployments: &[Deployment], service_selector: &BTreeMap<String, String>) -> Option<String> {
+    let container = webhook_container(deployments, service_selector)?;
+    Some(
+        setting(container, "--csi-driver", "DRAFS_CSI_DRIVER")
+            .unwrap_or_else(|| crate::model::names::DEFAULT_CSI_DRIVER.to_string()),
+    )
+}
+
+/// The container running `drafs webhook` in the Deployment the Service selects.
+fn webhook_container<'a>(
+    deployments: &'a [Deployment],
+    service_selector: &BTreeMap<String, String>,
+) -> Option<&'a k8s_openapi::api::core::v1::Container> {
     if service_selector.is_empty() {
         return None;
     }
@@ -143,21 +164,18 @@ pub fn webhook_namespace_mode(deployments: &[Deployment], service_selector: &BTr
         selector.matches(&labels)
     })?;
     let containers = &deployment.spec.template.spec.as_ref()?.containers;
-    containers.iter().find_map(|container| {
-        let args = container.args.clone().unwrap_or_default();
-        if !args.iter().any(|a| a == "webhook") {
-            return None;
-        }
-        let from_args = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--namespace-mode") {
-            Some(rest) if rest.starts_with('=') => Some(rest[1..].to_string()),
-            Some("") => args.get(i + 1).cloned(),
-            _ => None,
-        });
-        let from_env =
-            || container.env.iter().flatten().find(|e| e.name == "DRAFS_NAMESPACE_MODE").and_then(|e| e.value.clone());
-        let text = from_args.or_else(from_env).unwrap_or_else(|| Mode::Init.label().to_string());
-        policy::parse_mode(&text).ok()
-    })
+    containers.iter().find(|c| c.args.iter().flatten().any(|a| a == "webhook"))
+}
+
+/// A flag's value in a container's args (`--flag=v` or `--flag v`), else its environment variable's.
+fn setting(container: &k8s_openapi::api::core::v1::Container, flag: &str, env: &str) -> Option<String> {
+    let args = container.args.clone().unwrap_or_default();
+    let from_args = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix(flag) {
+        Some(rest) if rest.starts_with('=') => Some(rest[1..].to_string()),
+        Some("") => args.get(i + 1).cloned(),
+        _ => None,
+    });
+    from_args.or_else(|| container.env.iter().flatten().find(|e| e.name == env).and_then(|e| e.value.clone()))
 }
 
 #[cfg(test)]

@@ -22,17 +22,7 @@ pub fn node_agent(name: &str, driver: Option<&Value>, node: Option<(&str, Vec<St
             "helm upgrade --install drafs deploy/helm/drafs -n drafs-system --reuse-values --set node.enabled=true",
         );
     };
-    let spec = &driver["spec"];
-    let mut wrong = Vec::new();
-    if spec["podInfoOnMount"] != true {
-        wrong.push("podInfoOnMount: true");
-    }
-    if !spec["volumeLifecycleModes"].as_array().is_some_and(|m| m.iter().any(|x| x == "Ephemeral")) {
-        wrong.push("volumeLifecycleModes: [Ephemeral]");
-    }
-    if !spec["tokenRequests"].as_array().is_some_and(|t| t.iter().any(|r| r["audience"] == "")) {
-        wrong.push("tokenRequests: [{audience: \"\"}]");
-    }
+    let wrong = driver_lacks(driver);
     if !wrong.is_empty() {
         let message = format!("the CSIDriver {name} lacks {} (docs/node-mode.md)", wrong.join(", "));
         return Check::new("node", Status::Fail, message, details);
@@ -61,11 +51,27 @@ pub fn node_agent(name: &str, driver: Option<&Value>, node: Option<(&str, Vec<St
     }
 }
 
+/// What a CSIDriver object lacks for drafs node (nothing: it is right).
+pub(super) fn driver_lacks(driver: &Value) -> Vec<&'static str> {
+    let spec = &driver["spec"];
+    let mut wrong = Vec::new();
+    if spec["podInfoOnMount"] != true {
+        wrong.push("podInfoOnMount: true");
+    }
+    if !spec["volumeLifecycleModes"].as_array().is_some_and(|m| m.iter().any(|x| x == "Ephemeral")) {
+        wrong.push("volumeLifecycleModes: [Ephemeral]");
+    }
+    if !spec["tokenRequests"].as_array().is_some_and(|t| t.iter().any(|r| r["audience"] == "")) {
+        wrong.push("tokenRequests: [{audience: \"\"}]");
+    }
+    wrong
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn driver() -> Value {
+    pub fn driver() -> Value {
         json!({"spec": {"podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"], "tokenRequests": [{"audience": ""}]}})
     }
 

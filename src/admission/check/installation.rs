@@ -1,0 +1,256 @@
+//! `drafs check --installation`: drafs node across the cluster, before a pod
+//! lands anywhere. The CSIDriver is as drafs node needs it and named as the
+//! webhook names its volumes; an agent runs, ready, on every Linux node, and
+//! that node's kubelet lists the driver; the service accounts of the pods
+//! that use the volume have drafs's RBAC (the agent reads as each pod).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::{Check, Status};
+use crate::admission::manifests::Grant;
+
+/// Nodes named in a message at most; the rest are counted (all are in the details).
+const NAMED: usize = 10;
+
+/// A pod of drafs node's DaemonSet, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentPod {
+    pub name: String,
+    pub node: String,
+    pub ready: bool,
+}
+
+/// The CSIDriver `name` (`driver`: the object, if any), and the driver the
+/// webhook names (`webhook_driver`: None when no webhook of drafs's was found).
+pub fn csi_driver(name: &str, driver: Option<&Value>, webhook_driver: Option<&str>) -> Check {
+    let details = json!({"driver": name, "csiDriver": driver.is_some(), "webhookDriver": webhook_driver});
+    let Some(driver) = driver else {
+        return Check::new(
+            "csi-driver",
+            Status::Fail,
+            format!(
+                "no CSIDriver {name}: drafs node is not installed (a pod with its volume waits in ContainerCreating)"
+            ),
+            details,
+        )
+        .with_fix(
+            "helm upgrade --install drafs deploy/helm/drafs -n drafs-system --reuse-values --set node.enabled=true",
+        );
+    };
+    let lacks = super::node::driver_lacks(driver);
+    if !lacks.is_empty() {
+        let message = format!("the CSIDriver {name} lacks {} (docs/node-mode.md)", lacks.join(", "));
+        return Check::new("csi-driver", Status::Fail, message, details);
+    }
+    match webhook_driver {
+        Some(w) if w != name => Check::new(
+            "csi-driver",
+            Status::Fail,
+            format!(
+                "the webhook gives pods volumes of driver {w}, not {name}: they would wait for a driver no agent serves"
+            ),
+            details,
+        )
+        .with_fix(format!(
+            "give both one name: the chart's node.driverName sets the CSIDriver, the agents and the webhook's --csi-driver (or check --csi-driver {w})"
+        )),
+        Some(_) => Check::new(
+            "csi-driver",
+            Status::Ok,
+            format!("CSIDriver {name} as drafs node needs it, the driver the webhook's volumes name"),
+            details,
+        ),
+        None => Check::new(
+            "csi-driver",
+            Status::Ok,
+            format!("CSIDriver {name} as drafs node needs it (no webhook of drafs's found: volumes come from inject or by hand)"),
+            details,
+        ),
+    }
+}
+
+/// Whether every Linux node (`nodes`) has an agent, ready, that its kubelet
+/// registered (`registered`: each node's CSINode lists the driver).
+pub fn agents(name: &str, nodes: &[String], agents: &[AgentPod], registered: &BTreeMap<String, bool>) -> Check {
+    let (mut absent, mut unready, mut unregistered) = (Vec::new(), Vec::new(), Vec::new());
+    for node in nodes {
+        let on_node: Vec<&AgentPod> = agents.iter().filter(|a| &a.node == node).collect();
+        if on_node.is_empty() {
+            absent.push(node.as_str());
+        } else if !on_node.iter().any(|a| a.ready) {
+            unready.push(node.as_str());
+        } else if !registered.get(node).copied().unwrap_or(false) {
+            unregistered.push(node.as_str());
+        }
+    }
+    let details = json!({"driver": name, "linuxNodes": nodes.len(), "agents": agents.len(),
+                         "withoutAgent": absent, "agentNotReady": unready, "notRegistered": unregistered});
+    if nodes.is_empty() {
+        return Check::new("agents", Status::Warn, "no Linux node in the cluster: drafs node serves none", details);
+    }
+    let mut parts = Vec::new();
+    for (what, list) in [
+        ("no agent on", &absent),
+        ("the agent not ready on", &unready),
+        ("the kubelet lists no {name} on", &unregistered),
+    ] {
+        if !list.is_empty() {
+            parts.push(format!("{} {}", what.replace("{name}", name), named(list)));
+        }
+    }
+    if parts.is_empty() {
+        return Check::new(
+            "agents",
+            Status::Ok,
+            format!("drafs node runs, ready and registered with the kubelet, on every Linux node ({})", nodes.len()),
+            details,
+        );
+    }
+    let short = absent.len() + unready.len() + unregistered.len();
+    Check::new(
+        "agents",
+        Status::Fail,
+        format!(
+            "drafs node does not serve {short} of {} Linux nodes ({}): pods there with its volume wait in ContainerCreating",
+            nodes.len(),
+            parts.join("; ")
+        ),
+        details,
+    )
+    .with_fix(
+        "kubectl get pods -A -l app.kubernetes.io/name=drafs-node -o wide; a node the DaemonSet skips has a taint it does not tolerate (the chart's node.tolerations) or misses node.nodeSelector",
+    )
+}
+
+/// The first [`NAMED`] names, and how many more.
+fn named(list: &[&str]) -> String {
+    let mut out = list.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
+    if list.len() > NAMED {
+        out.push_str(&format!(" and {} more", list.len() - NAMED));
+    }
+    out
+}
+
+/// One service account whose pods use the volume, and what the access
+/// reviews answered for it (`Err`: why they could not be asked).
+pub type AccountAccess = ((String, String), Result<Vec<(Grant, bool)>, String>);
+
+/// Whether the service accounts of the pods that use the volume have drafs's
+/// RBAC (the required grants). `unchecked`: accounts beyond those asked about.
+pub fn volume_rbac(name: &str, accounts: &[AccountAccess], unchecked: usize) -> Check {
+    let mut lacking = Vec::new();
+    let mut unknown = Vec::new();
+    for ((ns, account), answers) in accounts {
+        match answers {
+            Ok(answers) => {
+                let missing: Vec<String> =
+                    answers.iter().filter(|(g, ok)| !ok && !g.optional).map(|(g, _)| g.to_string()).collect();
+                if !missing.is_empty() {
+                    lacking.push((format!("{ns}/{account}"), missing, (ns, account)));
+                }
+            }
+            Err(why) => unknown.push(format!("{ns}/{account}: {why}")),
+        }
+    }
+    let details = json!({
+        "driver": name,
+        "accounts": accounts.iter().map(|((ns, a), _)| format!("{ns}/{a}")).collect::<Vec<_>>(),
+        "lacking": lacking.iter().map(|(a, m, _)| json!({"serviceAccount": a, "missing": m})).collect::<Vec<_>>(),
+        "unknown": unknown,
+        "unchecked": unchecked,
+    });
+    if let Some((_, _, (ns, account))) = lacking.first() {
+        let which: Vec<String> = lacking.iter().map(|(a, m, _)| format!("{a} may not {}", m.join(", "))).collect();
+        return Check::new(
+            "volume-rbac",
+            Status::Fail,
+            format!("pods using the {name} volume run as accounts without drafs's RBAC: {}", which.join("; ")),
+            details,
+        )
+        .with_fix(format!("drafs manifests rbac -n {ns} --service-account {account} | kubectl apply -f -"));
+    }
+    if !unknown.is_empty() {
+        return Check::new(
+            "volume-rbac",
+            Status::Warn,
+            format!("cannot tell whether these accounts have drafs's RBAC: {}", unknown.join("; ")),
+            details,
+        );
+    }
+    if accounts.is_empty() {
+        return Check::new("volume-rbac", Status::Ok, format!("no pod uses a {name} volume yet"), details);
+    }
+    let mut message =
+        format!("the {} service accounts whose pods use the {name} volume have drafs's RBAC", accounts.len());
+    if unchecked > 0 {
+        message.push_str(&format!(" ({unchecked} more not asked about)"));
+    }
+    Check::new("volume-rbac", if unchecked > 0 { Status::Warn } else { Status::Ok }, message, details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::check::node::tests::driver;
+
+    #[test]
+    fn the_csi_driver_is_right_and_named_as_the_webhook_names_it() {
+        assert_eq!(csi_driver("drafs.dev", None, None).status, Status::Fail);
+        let ok = csi_driver("drafs.dev", Some(&driver()), Some("drafs.dev"));
+        assert_eq!(ok.status, Status::Ok, "{}", ok.message);
+        assert_eq!(csi_driver("drafs.dev", Some(&driver()), None).status, Status::Ok);
+        let other = csi_driver("drafs.dev", Some(&driver()), Some("node.drafs.example"));
+        assert_eq!(other.status, Status::Fail);
+        assert!(
+            other.message.starts_with("the webhook gives pods volumes of driver node.drafs.example"),
+            "{}",
+            other.message
+        );
+        let mut bare = driver();
+        bare["spec"]["podInfoOnMount"] = json!(false);
+        assert!(csi_driver("drafs.dev", Some(&bare), None).message.contains("lacks podInfoOnMount"));
+    }
+
+    #[test]
+    fn every_linux_node_needs_a_ready_registered_agent() {
+        let nodes: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let pod = |node: &str, ready| AgentPod { name: format!("drafs-node-{node}"), node: node.into(), ready };
+        let registered: BTreeMap<String, bool> =
+            [("a", true), ("b", true), ("c", false), ("d", true)].iter().map(|(n, r)| (n.to_string(), *r)).collect();
+        let all = [pod("a", true), pod("b", true), pod("c", true), pod("d", true)];
+        let everywhere: BTreeMap<String, bool> = nodes.iter().map(|n| (n.clone(), true)).collect();
+        assert_eq!(agents("drafs.dev", &nodes, &all, &everywhere).status, Status::Ok);
+        let some = [pod("b", false), pod("c", true), pod("d", true)];
+        let c = agents("drafs.dev", &nodes, &some, &registered);
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(
+            c.message,
+            "drafs node does not serve 3 of 4 Linux nodes (no agent on a; the agent not ready on b; the kubelet lists no drafs.dev on c): pods there with its volume wait in ContainerCreating"
+        );
+        assert_eq!(c.details["withoutAgent"], json!(["a"]));
+        assert_eq!(agents("drafs.dev", &[], &[], &BTreeMap::new()).status, Status::Warn);
+        let many: Vec<String> = (0..25).map(|i| format!("n{i}")).collect();
+        let c = agents("drafs.dev", &many, &[], &BTreeMap::new());
+        assert!(c.message.contains("n9 and 15 more"), "{}", c.message);
+    }
+
+    #[test]
+    fn accounts_whose_pods_use_the_volume_need_drafs_rbac() {
+        let grants = crate::admission::manifests::grants("ml", "trainer");
+        let all = |except: &str| grants.iter().map(|g| (g.clone(), g.to_string() != except)).collect::<Vec<_>>();
+        let ok: AccountAccess = (("ml".into(), "trainer".into()), Ok(all("")));
+        assert_eq!(volume_rbac("drafs.dev", std::slice::from_ref(&ok), 0).status, Status::Ok);
+        assert_eq!(volume_rbac("drafs.dev", &[], 0).status, Status::Ok);
+        let missing = grants.iter().find(|g| !g.optional).unwrap().to_string();
+        let lacking: AccountAccess = (("web".into(), "default".into()), Ok(all(&missing)));
+        let c = volume_rbac("drafs.dev", &[ok.clone(), lacking], 0);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.message.contains(&format!("web/default may not {missing}")), "{}", c.message);
+        assert_eq!(c.fix.unwrap(), "drafs manifests rbac -n web --service-account default | kubectl apply -f -");
+        let unknown: AccountAccess = (("x".into(), "y".into()), Err("HTTP 403".into()));
+        assert_eq!(volume_rbac("drafs.dev", &[ok.clone(), unknown], 0).status, Status::Warn);
+        assert_eq!(volume_rbac("drafs.dev", &[ok], 3).status, Status::Warn);
+    }
+}
