@@ -296,16 +296,16 @@ fn a_second_volume_of_a_pod_is_refused_with_the_reason() {
 const STANDARD_FILE: &str = "resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json";
 
 /// `view: standard` is the KEP-5304 view instead of the tree: a volume of its
-/// own beside the pod's tree (one of each view per pod, counted once towards
-/// --max-pods), live like the tree, leaving the files of the drivers named in
-/// `metadataFromDrivers` to them (an empty mount point, never written).
+/// own beside the pod's tree (one of each view per pod, each a place under
+/// --max-pods: a tmpfs each), live like the tree, leaving the files of the
+/// drivers named in `metadataFromDrivers` to them (an empty mount point, never written).
 #[test]
 fn a_pod_reads_the_standard_view_from_a_second_volume() {
-    let a = agent_with(TIMING, Limits { max_pods: 1, ..LIMITS });
+    let a = agent_with(TIMING, Limits { max_pods: 2, ..LIMITS });
     a.publish(TOKEN).expect("the tree");
     let view = a.target_of(UID, "dra-metadata");
     a.publish_volume("csi-2", ("trainer-0", UID), &view, TOKEN, &[("view", "standard")])
-        .expect("the standard view: the same pod, no second place under --max-pods");
+        .expect("the standard view: the second place under --max-pods");
     let text = std::fs::read_to_string(view.join(STANDARD_FILE)).unwrap();
     let first: serde_json::Value = serde_json::Deserializer::from_str(&text).into_iter().next().unwrap().unwrap();
     assert_eq!(first["apiVersion"], "metadata.resource.k8s.io/v1beta1", "{text}");
@@ -321,7 +321,7 @@ fn a_pod_reads_the_standard_view_from_a_second_volume() {
     let err = a.publish_volume("csi-3", ("trainer-0", UID), &again, TOKEN, &[("view", "standard")]).unwrap_err();
     assert_eq!(err.code, Code::FailedPrecondition);
     assert!(err.message.contains("of view standard already"), "{}", err.message);
-    // Another pod is one more pod: beyond --max-pods.
+    // The node's two places are taken: another pod waits.
     let other = a.target_of(UID_2, "dra-metadata");
     let err = a.publish_volume("csi-4", ("trainer-1", UID_2), &other, TOKEN, &[("view", "standard")]).unwrap_err();
     assert_eq!(err.code, Code::ResourceExhausted, "{}", err.message);
@@ -384,7 +384,7 @@ fn the_node_serves_at_most_max_pods() {
     let other = a.target_of(UID_2, "dra");
     let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).unwrap_err();
     assert_eq!(err.code, Code::ResourceExhausted);
-    assert!(err.message.contains("serves 1 pods already") && err.message.contains("--max-pods"), "{}", err.message);
+    assert!(err.message.contains("serves 1 volumes already") && err.message.contains("--max-pods"), "{}", err.message);
     assert!(!other.exists());
     a.unpublish().expect("unpublished");
     a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).expect("served once the first pod went");

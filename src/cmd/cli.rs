@@ -116,7 +116,8 @@ pub struct NodeArgs {
     /// the device comes then) before they are only read again at each refresh.
     #[arg(long, env = "DRAFS_WATCH_FOR", default_value = "2m", value_name = "DURATION", value_parser = parse_duration)]
     pub watch_for: std::time::Duration,
-    /// Pods served at once (one volume each); a pod beyond is refused (ResourceExhausted) until one goes.
+    /// Volumes served at once (one per pod; two for a pod that also mounts the standard view); a pod
+    /// beyond is refused (ResourceExhausted) until one goes.
     /// With --volume-size, it bounds the tmpfs memory charged to the agent (docs/node-mode.md).
     #[arg(long, env = "DRAFS_MAX_PODS", default_value_t = 110, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_pods: u32,

@@ -141,8 +141,13 @@ impl NodeMetrics {
             volumes,
         );
         let pods = self.pods.load(Ordering::Relaxed);
-        out.single("drafs_node_pods", Kind::Gauge, "Pods served (at most --max-pods).", pods);
-        out.single("drafs_node_max_pods", Kind::Gauge, "Pods the agent serves at most (--max-pods).", census.max_pods);
+        out.single("drafs_node_pods", Kind::Gauge, "Pods served.", pods);
+        out.single(
+            "drafs_node_max_pods",
+            Kind::Gauge,
+            "Volumes the agent serves at most (--max-pods).",
+            census.max_pods,
+        );
         out.single(
             "drafs_node_failing_runs",
             Kind::Gauge,

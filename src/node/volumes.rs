@@ -52,7 +52,8 @@ const ENDED_MEMORY: Duration = Duration::from_secs(300);
 /// What the node serves at most, whatever its pods ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Pods served at once (one volume each); more are refused with
+    /// Volumes served at once (a pod's tree, and its standard view if it asks
+    /// for one); more are refused with
     /// `ResourceExhausted` until one goes.
     pub max_pods: usize,
     /// Each volume's tmpfs: bytes and inodes (the tree, the next one during a
@@ -290,13 +291,14 @@ impl<M: Mounts> Volumes<M> {
             ));
         }
         table.refuse_after_end(p, Instant::now())?;
-        // A pod's second view is no new pod.
-        if !table.pods.contains_key(&p.pod_uid) && table.pods.len() >= self.limits.max_pods {
+        // Volumes are what is capped (a pod with both views takes two places):
+        // each has a tmpfs of its own, and the agent's memory limit counts tmpfs.
+        if table.slots.len() >= self.limits.max_pods {
             return Err(Status::new(
                 Code::ResourceExhausted,
                 format!(
-                    "drafs on this node serves {} pods already, its limit (drafs node --max-pods); the pod waits until another one goes",
-                    table.pods.len()
+                    "drafs on this node serves {} volumes already, its limit (drafs node --max-pods, a pod with the standard view counting twice); the pod waits until another one goes",
+                    table.slots.len()
                 ),
             ));
         }
