@@ -11,7 +11,7 @@
 //! as it is, so the tree stays readable meanwhile.
 //!
 //! One tenant must not cost another its service: a pod gets one volume of each
-//! view (the tree, the standard view), the node serves at most [`Limits::max_pods`] pods (and no other volume of a pod
+//! view (the tree, the standard view), the node serves at most [`Limits::max_pods`] volumes (and no other volume of a pod
 //! whose volume was unpublished: it is being deleted), each tmpfs is as large as
 //! [`Limits::volume`] allows, and no lock is held across slow work for more
 //! than one volume (the node-wide table is held only to look a volume up).
@@ -133,8 +133,6 @@ impl Slot {
 struct Table {
     /// Every published volume, by volume id.
     slots: HashMap<String, Arc<Slot>>,
-    /// How many of them each pod has, by pod uid.
-    pods: HashMap<String, usize>,
     /// Pods whose volume was unpublished lately, by pod uid.
     ended: HashMap<String, Ended>,
 }
@@ -148,20 +146,10 @@ struct Ended {
 }
 
 impl Table {
-    fn insert(&mut self, slot: Arc<Slot>) {
-        *self.pods.entry(slot.pod_uid.clone()).or_default() += 1;
-        self.slots.insert(slot.volume_id.clone(), slot);
-    }
-
-    fn remove(&mut self, volume_id: &str) -> Option<Arc<Slot>> {
-        let slot = self.slots.remove(volume_id)?;
-        if let Some(n) = self.pods.get_mut(&slot.pod_uid) {
-            *n -= 1;
-            if *n == 0 {
-                self.pods.remove(&slot.pod_uid);
-            }
-        }
-        Some(slot)
+    /// Report the volumes served, and the pods they belong to.
+    fn report(&self, metrics: &NodeMetrics) {
+        let pods: std::collections::HashSet<&str> = self.slots.values().map(|s| s.pod_uid.as_str()).collect();
+        metrics.served(self.slots.len(), pods.len());
     }
 
     /// Remember that `slot`'s volume was unpublished, forgetting what is older than [`ENDED_MEMORY`].
@@ -268,7 +256,7 @@ impl<M: Mounts> Volumes<M> {
     }
 
     /// The slot of `p`'s volume: found, or added if the pod has no other
-    /// volume (now or lately) and the node serves fewer than [`Limits::max_pods`] pods.
+    /// volume of its view (now or lately) and the node serves fewer than [`Limits::max_pods`] volumes.
     fn slot_for(&self, p: &Publish) -> Result<Arc<Slot>, Status> {
         let mut table = self.table();
         let slots = &table.slots;
@@ -310,8 +298,8 @@ impl<M: Mounts> Volumes<M> {
             view,
             state: Default::default(),
         });
-        table.insert(slot.clone());
-        self.metrics.served(table.slots.len(), table.pods.len());
+        table.slots.insert(p.volume_id.clone(), slot.clone());
+        table.report(&self.metrics);
         Ok(slot)
     }
 
@@ -320,12 +308,12 @@ impl<M: Mounts> Volumes<M> {
     fn forget(&self, slot: &Arc<Slot>, unpublished: bool) {
         let mut table = self.table();
         if table.slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            table.remove(&slot.volume_id);
+            table.slots.remove(&slot.volume_id);
             if unpublished {
                 table.ended(slot, Instant::now());
             }
         }
-        self.metrics.served(table.slots.len(), table.pods.len());
+        table.report(&self.metrics);
     }
 
     /// Mount and lock the tree if not yet, and make sure a run serves it with
@@ -453,11 +441,7 @@ impl<M: Mounts> Volumes<M> {
     /// Stop every run, leaving the trees mounted and readable (the agent stops
     /// or is upgraded; the next publish of each volume makes it live again).
     pub async fn stop_all(&self) {
-        let slots: Vec<Arc<Slot>> = {
-            let mut table = self.table();
-            table.pods.clear();
-            table.slots.drain().map(|(_, s)| s).collect()
-        };
+        let slots: Vec<Arc<Slot>> = self.table().slots.drain().map(|(_, s)| s).collect();
         futures::future::join_all(slots.iter().map(|slot| async move {
             let mut state = slot.state.lock().await;
             state.gone = true;

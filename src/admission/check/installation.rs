@@ -90,14 +90,13 @@ pub fn agents(name: &str, nodes: &[String], agents: &[AgentPod], registered: &BT
     if nodes.is_empty() {
         return Check::new("agents", Status::Warn, "no Linux node in the cluster: drafs node serves none", details);
     }
+    let unregistered_label = format!("the kubelet lists no {name} on");
     let mut parts = Vec::new();
-    for (what, list) in [
-        ("no agent on", &absent),
-        ("the agent not ready on", &unready),
-        ("the kubelet lists no {name} on", &unregistered),
-    ] {
+    for (what, list) in
+        [("no agent on", &absent), ("the agent not ready on", &unready), (unregistered_label.as_str(), &unregistered)]
+    {
         if !list.is_empty() {
-            parts.push(format!("{} {}", what.replace("{name}", name), named(list)));
+            parts.push(format!("{what} {}", named(list)));
         }
     }
     if parts.is_empty() {
@@ -145,8 +144,7 @@ pub fn volume_rbac(name: &str, accounts: &[AccountAccess], unchecked: usize) -> 
     for ((ns, account), answers) in accounts {
         match answers {
             Ok(answers) => {
-                let missing: Vec<String> =
-                    answers.iter().filter(|(g, ok)| !ok && !g.optional).map(|(g, _)| g.to_string()).collect();
+                let missing = super::rbac::missing_required(answers);
                 if !missing.is_empty() {
                     lacking.push((format!("{ns}/{account}"), missing, (ns, account)));
                 }

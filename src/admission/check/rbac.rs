@@ -24,8 +24,7 @@ pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, 
             ));
         }
     };
-    let missing: Vec<String> =
-        answers.iter().filter(|(g, ok)| !ok && !g.optional).map(|(g, _)| g.to_string()).collect();
+    let missing = missing_required(&answers);
     let optional: Vec<String> =
         answers.iter().filter(|(g, ok)| !ok && g.optional).map(|(g, _)| g.to_string()).collect();
     let details = json!({"serviceAccount": account, "known": true, "missing": missing, "optionalMissing": optional,
@@ -65,6 +64,11 @@ pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, 
         format!("service account {namespace}/{account} has every permission drafs needs ({} checked)", answers.len()),
         details,
     )
+}
+
+/// The permissions drafs needs (not the optional ones) that the answers refused.
+pub(super) fn missing_required(answers: &[(Grant, bool)]) -> Vec<String> {
+    answers.iter().filter(|(g, ok)| !ok && !g.optional).map(|(g, _)| g.to_string()).collect()
 }
 
 #[cfg(test)]
