@@ -18,8 +18,9 @@ use std::time::Duration;
 use drafs::engine::shared::SharedSlices;
 use drafs::node::csi::Service;
 use drafs::node::grpc::{Code, Handler, Status};
-use drafs::node::metrics::NodeMetrics;
+use drafs::node::metrics::{Census, NodeMetrics};
 use drafs::node::mounts::{AtTarget, Mounts};
+use drafs::node::node_pods;
 use drafs::node::proto::Writer;
 use drafs::node::volumes::{Limits, Timing, Volumes};
 use drafs::publish::files::Room;
@@ -66,6 +67,24 @@ struct Agent {
 const TIMING: Timing = Timing { watch_for: Duration::from_secs(120), refresh: Duration::from_secs(300) };
 const LIMITS: Limits = Limits { max_pods: 110, volume: Room { bytes: 4 << 20, inodes: 4096 } };
 
+/// The agent's own account, with what `node.watchNodePods` grants it in the
+/// chart (the real node's tier checks the chart's own objects).
+const AGENT_TOKEN: &str = "drafs-node-token";
+const AGENT_RBAC: &str = "
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: drafs-node}
+rules:
+- {apiGroups: [resource.k8s.io], resources: [resourceslices], verbs: [list, watch]}
+- {apiGroups: [''], resources: [pods], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: drafs-node}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: drafs-node}
+subjects: [{kind: ServiceAccount, name: drafs-node, namespace: drafs-system}]
+";
+
 fn agent() -> Agent {
     agent_with(TIMING, LIMITS)
 }
@@ -73,7 +92,9 @@ fn agent() -> Agent {
 fn agent_with(timing: Timing, limits: Limits) -> Agent {
     // kube's client starts its buffer task on the runtime.
     let _runtime = runtime().enter();
-    let api = api_for("ml");
+    let api = TestApi::start(&format!("{}\n---\n{AGENT_RBAC}", rbac_yaml("ml")), "ml");
+    api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
+    api.add_token(AGENT_TOKEN, "system:serviceaccount:drafs-system:drafs-node");
     let example = read("examples/offline/gpu-training.yaml");
     api.load_yaml(&example);
     api.load_yaml(&example.replace("trainer-0", "trainer-1").replace(UID, UID_2));
@@ -160,6 +181,30 @@ impl Agent {
     /// The payload `..data` points at in `target`.
     fn payload(&self, target: &Path) -> PathBuf {
         std::fs::read_link(target.join("..data")).unwrap()
+    }
+
+    /// The node's pods followed with the agent's own account, as `--watch-node-pods` does.
+    fn watch_node_pods(&self) {
+        let mut own = kube::Config::new(self.api.url().parse().unwrap());
+        own.auth_info.token = Some(AGENT_TOKEN.to_string().into());
+        let _runtime = runtime().enter();
+        let client = kube::Client::try_from(own).unwrap();
+        let volumes = self.service.volumes.clone();
+        runtime().spawn(node_pods::follow(client, "gpu-node-7".into(), move |uid| volumes.status_changed(uid)));
+        // Listed: what changes from now on is a change.
+        let watching = wait_for(Duration::from_secs(10), || {
+            self.api.requests().iter().any(|r| r.verb == "watch" && r.path == "/api/v1/pods" && r.token == AGENT_TOKEN)
+        });
+        assert!(watching, "the node's pods are not watched: {:?}", self.api.requests());
+    }
+
+    /// Set the health the kubelet reports for the pod's GPU.
+    fn report_health(&self, pod: &str, health: &str, message: &str) {
+        let mut object = self.api.get("Pod", "ml", pod).unwrap();
+        object["status"]["containerStatuses"] = serde_json::json!([{"name": "trainer", "ready": true, "restartCount": 0,
+            "image": "i", "imageID": "", "allocatedResourcesStatus": [{"name": "claim:gpu",
+            "resources": [{"resourceID": "gpu.nvidia.com/gpu-node-7/gpu-3", "health": health, "message": message}]}]}]);
+        self.api.apply(object);
     }
 
     fn call(&self, method: &str, message: Vec<u8>) -> Result<Vec<u8>, Status> {
@@ -427,6 +472,42 @@ fn an_unpublish_for_another_target_is_refused_and_changes_nothing() {
     a.api.clear_requests();
     a.publish(TOKEN).expect("republished");
     assert_eq!(a.pod_and_claim_requests(), 0, "found running, not started again: {:?}", a.api.requests());
+}
+
+/// Past its watch window a volume's pod is read only when poked: the agent's
+/// one watch of the node's pods pokes it when its device status changes, and
+/// only then (a pod's other changes, and pods not served, poke nothing).
+#[test]
+fn a_health_change_past_the_watch_window_reaches_the_tree_through_the_node_pod_watch() {
+    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::from_secs(3600) }, LIMITS);
+    a.publish(TOKEN).expect("published");
+    a.watch_node_pods();
+    let health = a.target().join("gpu/gpu/0/.health");
+    let reads = |want: &str| {
+        let read = wait_for(Duration::from_secs(10), || std::fs::read_to_string(&health).is_ok_and(|h| h == want));
+        assert!(read, "{} is {:?}, not {want}: {:#?}", health.display(), std::fs::read_to_string(&health), a.api.requests().iter().map(|r| (&r.verb, &r.path, &r.query, r.status)).collect::<Vec<_>>());
+    };
+    a.report_health("trainer-0", "Unhealthy", "XID 79");
+    reads("Unhealthy");
+    assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/.healthMessage")).unwrap(), "XID 79");
+
+    // A change that is not the device's status, and a pod drafs does not
+    // serve, are passed to no volume; the health change after them is.
+    let changes = |a: &Agent| {
+        let text = a.service.metrics.render(&Census::default());
+        text.lines().find_map(|l| l.strip_prefix("drafs_node_status_changes_total ")).map(str::to_string)
+    };
+    assert_eq!(changes(&a).as_deref(), Some("1"));
+    let mut pod = a.api.get("Pod", "ml", "trainer-0").unwrap();
+    pod["metadata"]["annotations"] = serde_json::json!({"example.com/touched": "yes"});
+    a.api.apply(pod);
+    a.report_health("trainer-1", "Unhealthy", "not served here");
+    a.report_health("trainer-0", "Healthy", "");
+    reads("Healthy");
+    // The watch reports in order: once the last change is counted, the two before it were seen.
+    let counted = wait_for(Duration::from_secs(10), || changes(&a).as_deref() != Some("1"));
+    assert!(counted);
+    assert_eq!(changes(&a).as_deref(), Some("2"), "only the served pod's health changes");
 }
 
 /// The node's slice watch is shared while volumes use it, and stops with the last one.

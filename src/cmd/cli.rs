@@ -116,6 +116,11 @@ pub struct NodeArgs {
     /// the device comes then) before they are only read again at each refresh.
     #[arg(long, env = "DRAFS_WATCH_FOR", default_value = "2m", value_name = "DURATION", value_parser = parse_duration)]
     pub watch_for: std::time::Duration,
+    /// Watch the node's pods with the agent's own account (one watch, `spec.nodeName`): a served
+    /// pod's device health or claim statuses changing after --watch-for reaches its volume within a
+    /// second, not at the refresh. Needs get, list and watch of pods for the agent (docs/node-mode.md).
+    #[arg(long, env = "DRAFS_WATCH_NODE_PODS")]
+    pub watch_node_pods: bool,
     /// Volumes served at once (one per pod; two for a pod that also mounts the standard view); a pod
     /// beyond is refused (ResourceExhausted) until one goes.
     /// With --volume-size, it bounds the tmpfs memory charged to the agent (docs/node-mode.md).

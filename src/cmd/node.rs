@@ -16,6 +16,7 @@ use crate::node::credential::pooled_client;
 use crate::node::csi::Service;
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
+use crate::node::node_pods;
 use crate::node::volumes::{Limits, Timing, Volumes};
 use crate::publish::files::Room;
 use crate::publish::metrics;
@@ -29,6 +30,8 @@ pub struct Config {
     /// The registration socket the kubelet finds.
     pub registration: PathBuf,
     pub timing: Timing,
+    /// Follow the node's pods for device-status changes (`--watch-node-pods`).
+    pub watch_node_pods: bool,
     pub limits: Limits,
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -51,6 +54,7 @@ impl Config {
             endpoint,
             registration: registration_dir.join(format!("{}-reg.sock", args.driver_name)),
             timing: Timing { refresh: args.refresh, watch_for: args.watch_for },
+            watch_node_pods: args.watch_node_pods,
             limits: Limits {
                 max_pods: args.max_pods as usize,
                 volume: Room { bytes: args.volume_size, inodes: args.volume_inodes },
@@ -70,7 +74,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         .map_err(|e| Failure::Usage(format!("cannot find the API server (in-cluster or kubeconfig): {e}")))?;
     // The agent's own account reads the node's slices, once for every volume.
     let own = pooled_client(&cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
-    let slices = SharedSlices::new(own);
+    let slices = SharedSlices::new(own.clone());
     // Every pod's reads go through one client without credentials: each carries its pod's token.
     cluster.auth_info = kube::config::AuthInfo::default();
     let shared = pooled_client(&cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
@@ -85,6 +89,10 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         SystemMounts,
         node_metrics.clone(),
     );
+    if c.watch_node_pods {
+        let volumes = volumes.clone();
+        tokio::spawn(node_pods::follow(own, c.node_name.clone(), move |uid| volumes.status_changed(uid)));
+    }
     let service = Arc::new(Service {
         driver: c.driver.clone(),
         node_name: c.node_name.clone(),
@@ -108,7 +116,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         });
         tokio::spawn(metrics::serve(listener, health));
     }
-    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), max_pods = c.limits.max_pods, "serving CSI volumes");
+    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), max_pods = c.limits.max_pods, watch_node_pods = c.watch_node_pods, "serving CSI volumes");
     let (signalled, signal) = tokio::sync::oneshot::channel();
     let sockets = agent::serve_sockets(
         service,

@@ -7,11 +7,13 @@
 //! that runs the two together and hands publications to the outputs
 //! (`drive`), the other source, a file of objects (`file`), one run of
 //! it all for a command (`run`), and slices shared by the runs of a process
-//! (`shared`, the node agent's).
+//! (`shared`, the node agent's), over a list and watch of a collection
+//! as raw JSON (`collection`).
 //!
 //! May use: `publish` (the outputs it drives) and `model`.
 
 pub mod api;
+pub mod collection;
 pub mod drive;
 pub mod file;
 pub mod reconcile;

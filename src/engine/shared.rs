@@ -14,19 +14,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{AsyncBufReadExt, StreamExt};
 use kube::Client;
-use kube::api::{ListParams, WatchParams};
-use kube::core::Request;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::source::{WATCH_IDLE, object_meta};
+use crate::engine::collection::{Change, Collection};
+use crate::engine::source::object_meta;
 use crate::engine::store::Scope;
 use crate::model::backoff::RetryBackoff;
-use crate::model::slices::{RawEvent, RawList};
-use crate::publish::call::{REQUEST_TIMEOUT, bounded};
 
 /// Slices per list page (the hub holds them all anyway; pages bound one answer).
 const PAGE_SIZE: u32 = 64;
@@ -175,38 +171,26 @@ fn publish(tx: &watch::Sender<Arc<SliceSet>>, f: impl FnOnce(&mut SliceSet)) {
     tx.send_replace(Arc::new(next));
 }
 
-fn url() -> &'static str {
-    "/apis/resource.k8s.io/v1/resourceslices"
+/// The slices of `scope`, as a collection.
+fn collection(scope: &Scope) -> Collection {
+    Collection {
+        url: "/apis/resource.k8s.io/v1/resourceslices",
+        resource: "resourceslices",
+        field_selector: scope.field_selector(),
+    }
 }
 
 /// Every slice of the scope, and the list's resource version.
 async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<str>>, String), ApiError> {
     let mut slices = BTreeMap::new();
-    let mut continue_token = None;
-    loop {
-        let params = ListParams {
-            field_selector: Some(scope.field_selector()),
-            limit: Some(PAGE_SIZE),
-            continue_token: continue_token.take(),
-            ..Default::default()
-        };
-        let request =
-            Request::new(url()).list(&params).map_err(|e| ApiError::failed_on("list", scope, e.to_string()))?;
-        let body = bounded(REQUEST_TIMEOUT, client.request_text(request))
-            .await
-            .map_err(|e| ApiError::named_on(e, "list", scope))?;
-        let page: RawList =
-            serde_json::from_str(&body).map_err(|e| ApiError::failed_on("list", scope, format!("malformed: {e}")))?;
-        for raw in page.items {
-            let name = name_of(raw.get())
-                .ok_or_else(|| ApiError::failed_on("list", scope, "a slice without a name".into()))?;
-            slices.insert(name, Arc::from(raw.get()));
-        }
-        continue_token = page.metadata.continue_token.filter(|t| !t.is_empty());
-        if continue_token.is_none() {
-            return Ok((slices, page.metadata.resource_version.unwrap_or_default()));
-        }
-    }
+    let resource_version = collection(scope)
+        .list(client, PAGE_SIZE, |raw| {
+            let name = name_of(raw).ok_or("a slice without a name")?;
+            slices.insert(name, Arc::from(raw));
+            Ok(())
+        })
+        .await?;
+    Ok((slices, resource_version))
 }
 
 /// One watch: each change published; the last version seen when the server
@@ -218,61 +202,25 @@ async fn watch_once(
     seconds: u32,
     tx: &watch::Sender<Arc<SliceSet>>,
 ) -> Result<Option<String>, ApiError> {
-    let params = WatchParams {
-        field_selector: Some(scope.field_selector()),
-        timeout: Some(seconds),
-        bookmarks: true,
-        ..Default::default()
-    };
-    let request = Request::new(url())
-        .watch(&params, resource_version)
-        .map_err(|e| ApiError::failed_on("watch", scope, e.to_string()))?;
-    let stream = bounded(REQUEST_TIMEOUT, client.request_stream(request))
-        .await
-        .map_err(|e| ApiError::named_on(e, "watch", scope))?;
-    let mut lines = std::pin::pin!(stream.lines());
-    let mut last = resource_version.to_string();
-    loop {
-        let line = match tokio::time::timeout(WATCH_IDLE, lines.next()).await {
-            Err(_) => return Err(ApiError::failed_on("watch", scope, "silent too long".into())),
-            Ok(None) => return Ok(Some(last)),
-            Ok(Some(Err(e))) => return Err(ApiError::failed_on("watch", scope, e.to_string())),
-            Ok(Some(Ok(line))) if line.trim().is_empty() => continue,
-            Ok(Some(Ok(line))) => line,
-        };
-        let event: RawEvent =
-            serde_json::from_str(&line).map_err(|e| ApiError::failed_on("watch", scope, format!("malformed: {e}")))?;
-        let object = event.object.get();
-        match event.kind.as_str() {
-            "ADDED" | "MODIFIED" => {
-                let name = name_of(object)
-                    .ok_or_else(|| ApiError::failed_on("watch", scope, "a slice without a name".into()))?;
-                publish(tx, |set| {
-                    set.slices.insert(name, Arc::from(object));
-                });
-            }
-            "DELETED" => {
-                let name = name_of(object)
-                    .ok_or_else(|| ApiError::failed_on("watch", scope, "a slice without a name".into()))?;
-                publish(tx, |set| {
+    collection(scope)
+        .watch(client, resource_version, seconds, |change| {
+            let (Change::Put(raw) | Change::Deleted(raw)) = change;
+            let name = name_of(raw).ok_or("a slice without a name")?;
+            match change {
+                Change::Put(raw) => publish(tx, |set| {
+                    set.slices.insert(name, Arc::from(raw));
+                }),
+                Change::Deleted(_) => publish(tx, |set| {
                     set.slices.remove(&name);
-                });
+                }),
             }
-            "ERROR" => return Ok(None),
-            _ => {}
-        }
-        if let Some(rv) = version_of(object) {
-            last = rv;
-        }
-    }
+            Ok(())
+        })
+        .await
 }
 
 fn name_of(raw: &str) -> Option<String> {
     object_meta(raw).map(|(name, _)| name).filter(|n| !n.is_empty())
-}
-
-fn version_of(raw: &str) -> Option<String> {
-    object_meta(raw).and_then(|(_, rv)| rv)
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ pub struct NodeMetrics {
     latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, u64)>,
     volumes: AtomicU64,
     pods: AtomicU64,
+    /// Device-status changes of served pods the node's pod watch passed on.
+    status_changes: AtomicU64,
     registered: AtomicBool,
     registration_error: Mutex<Option<String>>,
 }
@@ -88,6 +90,11 @@ impl NodeMetrics {
         self.pods.store(pods as u64, Ordering::Relaxed);
     }
 
+    /// A served pod's device status changed (`--watch-node-pods`): its volumes read it again.
+    pub fn status_changed(&self) {
+        self.status_changes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The kubelet's answer to the registration.
     pub fn registration(&self, registered: bool, error: &str) {
         self.registered.store(registered, Ordering::Relaxed);
@@ -142,6 +149,12 @@ impl NodeMetrics {
         );
         let pods = self.pods.load(Ordering::Relaxed);
         out.single("drafs_node_pods", Kind::Gauge, "Pods served.", pods);
+        out.single(
+            "drafs_node_status_changes_total",
+            Kind::Counter,
+            "Device-status changes of served pods seen by the node's pod watch (--watch-node-pods) and passed to their volumes.",
+            self.status_changes.load(Ordering::Relaxed),
+        );
         out.single(
             "drafs_node_max_pods",
             Kind::Gauge,
@@ -200,6 +213,7 @@ mod tests {
         m.published(Some(Code::ResourceExhausted), Duration::from_micros(40));
         m.unpublished(None);
         m.served(3, 2);
+        m.status_changed();
         let text = m.render(&census);
         for line in [
             "drafs_node_publishes_total{code=\"OK\"} 1\n",
@@ -212,6 +226,7 @@ mod tests {
             "drafs_node_publish_duration_seconds_count 3\n",
             "drafs_node_volumes 3\n",
             "drafs_node_pods 2\n",
+            "drafs_node_status_changes_total 1\n",
             "drafs_node_max_pods 110\n",
             "drafs_node_slice_watch_up{scope=\"spec.nodeName=n1\"} 1\n",
             "drafs_node_registered 1\n",

@@ -8,7 +8,8 @@
 //! (`grpc`, with `authority`: the fix for the kubelet's registration client), the kubelet's services (`csi`), a publish request checked
 //! (`request`, pure), the mounts (`mounts`, behind a trait), the published
 //! volumes with their runs (`volumes`, reading as each pod through
-//! `credential`), and the agent's sockets and health (`agent`, `metrics`).
+//! `credential`), the agent's sockets and health (`agent`, `metrics`), and the node's pods
+//! watched for device-status changes (`node_pods`, opt-in).
 //!
 //! May use: `engine` (one run per volume), `publish` and `model`.
 
@@ -19,6 +20,7 @@ pub mod csi;
 pub mod grpc;
 pub mod metrics;
 pub mod mounts;
+pub mod node_pods;
 pub mod proto;
 pub mod request;
 pub mod volumes;

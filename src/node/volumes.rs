@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::engine::drive::Progress;
 use crate::engine::reconcile::{Mode, VANISHED_POOL_GRACE};
@@ -77,8 +77,7 @@ struct VolumeRun {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     token: PodToken,
-    /// Asks the run to read its pod and claims again.
-    poke: watch::Sender<u64>,
+    /// When the slot's poke was last sent for a refresh.
     poked: Instant,
 }
 
@@ -109,6 +108,9 @@ struct Slot {
     pod: String,
     /// `tree` or `standard` ([`View::name`]): a pod has at most one of each.
     view: &'static str,
+    /// Asks the slot's run, whichever it is, to read its pod and claims again
+    /// (once its own watches are parked).
+    poke: watch::Sender<u64>,
     state: tokio::sync::Mutex<SlotState>,
 }
 
@@ -296,6 +298,7 @@ impl<M: Mounts> Volumes<M> {
             pod_uid: p.pod_uid.clone(),
             pod: format!("{}/{}", p.pod.namespace, p.pod.name),
             view,
+            poke: watch::Sender::new(0),
             state: Default::default(),
         });
         table.slots.insert(p.volume_id.clone(), slot.clone());
@@ -349,7 +352,7 @@ impl<M: Mounts> Volumes<M> {
                 }
                 // A republish: the pod and its claims are asked again once per refresh.
                 if run.poked.elapsed() >= self.timing.refresh {
-                    run.poke.send_modify(|n| *n += 1);
+                    slot.poke.send_modify(|n| *n += 1);
                     run.poked = Instant::now();
                 }
                 Ok(run.progress.clone())
@@ -452,6 +455,21 @@ impl<M: Mounts> Volumes<M> {
         .await;
     }
 
+    /// A pod's device status changed (the node's pod watch saw it): its
+    /// volumes' runs read the pod and its claims again. Pods not served are
+    /// not drafs's business.
+    pub fn status_changed(&self, pod_uid: &str) {
+        let slots: Vec<Arc<Slot>> = self.table().slots.values().filter(|s| s.pod_uid == pod_uid).cloned().collect();
+        if slots.is_empty() {
+            return;
+        }
+        self.metrics.status_changed();
+        for slot in slots {
+            debug!(pod = %slot.pod, volume = %slot.volume_id, "device status changed: read again");
+            slot.poke.send_modify(|n| *n += 1);
+        }
+    }
+
     /// The volumes served, and how many of their runs have failed.
     pub fn census(&self) -> (usize, usize) {
         let slots: Vec<Arc<Slot>> = self.table().slots.values().cloned().collect();
@@ -491,8 +509,7 @@ impl<M: Mounts> Volumes<M> {
         let client = client_as(&self.shared, token.clone(), &p.pod.namespace);
         let (tx, progress) = watch::channel(Progress::Starting);
         let (stop, stopped) = oneshot::channel();
-        let (poke, poked) = watch::channel(0);
-        let polling = Polling { poke: poked, live_until: (Instant::now() + self.timing.watch_for).into() };
+        let polling = Polling { poke: slot.poke.subscribe(), live_until: (Instant::now() + self.timing.watch_for).into() };
         let sharing = Some(Sharing { slices: self.slices.clone(), polling });
         // The tree, or the standard view alone, written at the target.
         let (backend, metadata_dir, metadata_from_drivers) = match &p.view {
@@ -543,7 +560,7 @@ impl<M: Mounts> Volumes<M> {
             .in_current_span(),
         );
         info!(target = %p.target.display(), view = p.view.name(), "publishing");
-        Ok(VolumeRun { progress, stop: Some(stop), task, token, poke, poked: Instant::now() })
+        Ok(VolumeRun { progress, stop: Some(stop), task, token, poked: Instant::now() })
     }
 }
 

@@ -1,0 +1,252 @@
+//! The node's pods, watched by the agent itself (`--watch-node-pods`): one
+//! watch for the whole node (`spec.nodeName=<node>`, as the kubelet's own),
+//! through which a change of a pod's device health (what the kubelet writes
+//! into `allocatedResourcesStatus`) or of its claim statuses reaches the
+//! pod's volumes at once, after their own watches were parked.
+//!
+//! The agent only notices that a pod changed: the volume's run then reads the
+//! pod and its claims as the pod, as at any other time (the agent's own read
+//! decides nothing a pod sees). What it keeps of each pod is a fingerprint.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use kube::Client;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tracing::{debug, info, warn};
+
+use crate::engine::api::{WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
+use crate::engine::collection::{Change, Collection};
+use crate::model::backoff::RetryBackoff;
+
+/// Pods per list page.
+const PAGE_SIZE: u32 = 100;
+
+/// What the agent keeps of the node's pods: by uid, a fingerprint of their
+/// device status. A plain value: the watch feeds it, it says which pods changed.
+#[derive(Debug, Default)]
+pub struct StatusMarks {
+    marks: HashMap<String, u64>,
+}
+
+impl StatusMarks {
+    /// A pod as the server sent it: whether its device status changed since it
+    /// was last seen (a pod seen first is not a change: its runs read it anyway).
+    pub fn put(&mut self, pod: &PodMark) -> bool {
+        match self.marks.insert(pod.uid.clone(), pod.mark) {
+            Some(old) => old != pod.mark,
+            None => false,
+        }
+    }
+
+    pub fn delete(&mut self, uid: &str) {
+        self.marks.remove(uid);
+    }
+
+    /// The pods a new list holds: those whose status changed since they were
+    /// last seen (while the watch was broken); the pods not listed are forgotten.
+    pub fn relisted(&mut self, pods: Vec<PodMark>) -> Vec<String> {
+        let mut changed = Vec::new();
+        let mut next = HashMap::with_capacity(pods.len());
+        for pod in pods {
+            if self.marks.get(&pod.uid).is_some_and(|old| *old != pod.mark) {
+                changed.push(pod.uid.clone());
+            }
+            next.insert(pod.uid, pod.mark);
+        }
+        self.marks = next;
+        changed
+    }
+
+    pub fn len(&self) -> usize {
+        self.marks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.marks.is_empty()
+    }
+}
+
+/// A pod's uid and the fingerprint of its device status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodMark {
+    pub uid: String,
+    pub mark: u64,
+}
+
+/// Only what a fingerprint needs; everything else of the pod is skipped unread.
+#[derive(Deserialize)]
+struct PodView {
+    metadata: MetaView,
+    #[serde(default)]
+    status: Option<StatusView>,
+}
+
+#[derive(Deserialize)]
+struct MetaView {
+    #[serde(default)]
+    uid: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusView {
+    #[serde(default)]
+    container_statuses: Option<Vec<ContainerView>>,
+    #[serde(default)]
+    init_container_statuses: Option<Vec<ContainerView>>,
+    #[serde(default)]
+    resource_claim_statuses: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerView {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    allocated_resources_status: Option<Box<RawValue>>,
+}
+
+/// The uid and device-status fingerprint of a pod's JSON.
+pub fn mark_of(raw: &str) -> Result<PodMark, String> {
+    let pod: PodView = serde_json::from_str(raw).map_err(|e| format!("malformed pod: {e}"))?;
+    if pod.metadata.uid.is_empty() {
+        return Err("a pod without a uid".into());
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(status) = &pod.status {
+        let containers = status.init_container_statuses.iter().chain(&status.container_statuses).flatten();
+        for c in containers.filter(|c| c.allocated_resources_status.is_some()) {
+            c.name.hash(&mut hasher);
+            c.allocated_resources_status.as_deref().map(RawValue::get).hash(&mut hasher);
+        }
+        status.resource_claim_statuses.as_deref().map(RawValue::get).hash(&mut hasher);
+    }
+    Ok(PodMark { uid: pod.metadata.uid, mark: hasher.finish() })
+}
+
+/// The node's pods as a collection.
+fn collection(node: &str) -> Collection {
+    Collection { url: "/api/v1/pods", resource: "pods", field_selector: format!("spec.nodeName={node}") }
+}
+
+/// Follow the node's pods forever with the agent's `client`, calling
+/// `changed` with the uid of each pod whose device status changed.
+pub async fn follow(client: Client, node: String, changed: impl Fn(&str)) {
+    let collection = collection(&node);
+    let mut marks = StatusMarks::default();
+    let mut retry = RetryBackoff::default();
+    let seed = crate::model::backoff::seed_of(&collection.field_selector);
+    let mut watches = 0u64;
+    loop {
+        let mut listed = Vec::new();
+        let list = collection.list(&client, PAGE_SIZE, |raw| {
+            // One pod the agent cannot read is skipped, not the node's others.
+            match mark_of(raw) {
+                Ok(pod) => listed.push(pod),
+                Err(e) => warn!("node pods: {e}"),
+            }
+            Ok(())
+        });
+        let mut resource_version = match list.await {
+            Ok(rv) => rv,
+            Err(error) => {
+                warn!("node pods: {error}; device health reaches volumes at their refresh until it heals");
+                tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
+                continue;
+            }
+        };
+        retry.reset();
+        for uid in marks.relisted(listed) {
+            changed(&uid);
+        }
+        info!(pods = marks.len(), "node pods: watching");
+        loop {
+            watches += 1;
+            let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
+            let watched = collection.watch(&client, &resource_version, seconds, |change| {
+                match change {
+                    Change::Put(raw) => match mark_of(raw) {
+                        Ok(pod) if marks.put(&pod) => changed(&pod.uid),
+                        Ok(_) => {}
+                        Err(e) => warn!("node pods: {e}"),
+                    },
+                    Change::Deleted(raw) => {
+                        if let Ok(pod) = mark_of(raw) {
+                            marks.delete(&pod.uid);
+                        }
+                    }
+                }
+                Ok(())
+            });
+            match watched.await {
+                Ok(Some(last)) => resource_version = last,
+                Ok(None) => break,
+                Err(error) => {
+                    debug!("node pods: {error}; listing again");
+                    tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(uid: &str, health: &str, extra: serde_json::Value) -> String {
+        json!({
+            "metadata": {"uid": uid, "name": "p", "annotations": extra},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "app", "ready": true,
+                 "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [{"resourceID": "gpu-0", "health": health}]}]}]}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn only_a_change_of_device_status_is_a_change() {
+        let mut marks = StatusMarks::default();
+        let first = mark_of(&pod("u1", "Healthy", json!({}))).unwrap();
+        assert!(!marks.put(&first), "a pod seen first is no change");
+        // Everything else of the pod changes often (conditions, annotations): not a change.
+        assert!(!marks.put(&mark_of(&pod("u1", "Healthy", json!({"a": "b"}))).unwrap()));
+        assert!(marks.put(&mark_of(&pod("u1", "Unhealthy", json!({}))).unwrap()));
+        assert!(!marks.put(&mark_of(&pod("u1", "Unhealthy", json!({}))).unwrap()), "told once");
+        let claims = json!({"metadata": {"uid": "u1"}, "status": {"containerStatuses": [
+            {"name": "app", "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [{"resourceID": "gpu-0", "health": "Unhealthy"}]}]}],
+            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}});
+        assert!(marks.put(&mark_of(&claims.to_string()).unwrap()), "a claim status is a change");
+        marks.delete("u1");
+        assert!(marks.is_empty());
+    }
+
+    #[test]
+    fn a_relist_names_the_pods_that_changed_meanwhile_and_forgets_the_gone() {
+        let mut marks = StatusMarks::default();
+        for (uid, health) in [("u1", "Healthy"), ("u2", "Healthy"), ("u3", "Healthy")] {
+            marks.put(&mark_of(&pod(uid, health, json!({}))).unwrap());
+        }
+        let listed = vec![
+            mark_of(&pod("u1", "Healthy", json!({}))).unwrap(),
+            mark_of(&pod("u2", "Unhealthy", json!({}))).unwrap(),
+            mark_of(&pod("u4", "Unhealthy", json!({}))).unwrap(),
+        ];
+        assert_eq!(marks.relisted(listed), vec!["u2".to_string()]);
+        assert_eq!(marks.len(), 3);
+        assert!(marks.put(&mark_of(&pod("u3", "Healthy", json!({}))).unwrap()) == false, "u3 was forgotten: seen first");
+    }
+
+    #[test]
+    fn a_pod_without_status_or_uid() {
+        assert!(mark_of(r#"{"metadata": {"uid": "u"}}"#).is_ok());
+        assert!(mark_of(r#"{"metadata": {"name": "p"}}"#).unwrap_err().contains("uid"));
+        assert!(mark_of("[1]").unwrap_err().contains("malformed"));
+    }
+}
