@@ -240,7 +240,7 @@ mod tests {
         ];
         assert_eq!(marks.relisted(listed), vec!["u2".to_string()]);
         assert_eq!(marks.len(), 3);
-        assert!(marks.put(&mark_of(&pod("u3", "Healthy", json!({}))).unwrap()) == false, "u3 was forgotten: seen first");
+        assert!(!marks.put(&mark_of(&pod("u3", "Healthy", json!({}))).unwrap()), "u3 was forgotten: seen first");
     }
 
     #[test]
