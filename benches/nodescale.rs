@@ -9,10 +9,14 @@
 //!   - the requests for pods, claims and slices per minute in that steady
 //!     state (`apiserver_request_total`, a minute's difference, less the same
 //!     minute without drafs);
-//!   - kube-apiserver's resident memory.
+//!   - kube-apiserver's resident memory;
+//!   - with the agent's `--watch-node-pods` (a third row per N), the delay
+//!     from the driver's health report to each pod's `.health` file, each
+//!     way, and the part of it after the kubelet wrote the pod's status
+//!     (drafs's part): median and maximum over the pods.
 //!
 //! Run: `cargo bench --bench nodescale` (builds the node on first use, like
-//! the real-node tests; about 15 minutes). Prints a Markdown table.
+//! the real-node tests; about 25 minutes). Prints two Markdown tables.
 
 use drafs_test_support as support;
 
@@ -20,7 +24,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, Node, SHELL_IMAGE};
+use support::node::{self, DRAFS_IMAGE, GPU_DRIVER, Node, SHELL_IMAGE};
 use support::*;
 
 const RESOURCES: [&str; 3] = ["pods", "resourceclaims", "resourceslices"];
@@ -117,6 +121,121 @@ fn requests_per_minute(node: &Node) -> BTreeMap<String, f64> {
     after.iter().map(|(k, v)| (k.clone(), v - before.get(k).unwrap_or(&0.0))).filter(|(_, n)| *n > 0.0).collect()
 }
 
+/// How the pods are served.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Sidecars,
+    Csi,
+    /// `drafs node --watch-node-pods`.
+    CsiLive,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Sidecars => "`serve` sidecar each",
+            Mode::Csi => "CSI volume (`drafs node`)",
+            Mode::CsiLive => "CSI volume, `--watch-node-pods`",
+        }
+    }
+}
+
+fn start_agent(node: &Node, live: bool) -> std::process::Child {
+    let mut args = vec!["--watch-for", "5s"];
+    if live {
+        args.push("--watch-node-pods");
+    }
+    node.spawn_drafs_node(&args, if live { "agent-live.log" } else { "agent.log" })
+}
+
+fn stop_agent(mut agent: std::process::Child) {
+    println!("\nHealth reported by the driver, to each pod's `.health` file (`--watch-node-pods`), seconds:\n");
+    println!("| pods | change | report to file, median / max | pod status to file, median / max |");
+    println!("|---|---|---|---|");
+    for line in delays {
+        println!("{line}");
+    }
+    stop_agent(agent.take().unwrap());
+}
+
+/// Whether a pod's status (as the API server has it) reports `state` for a device.
+fn status_reports(pod: &Value, state: &str) -> bool {
+    pod["status"]["containerStatuses"].as_array().into_iter().flatten().any(|c| {
+        c["allocatedResourcesStatus"].as_array().into_iter().flatten().any(|r| {
+            r["resources"].as_array().into_iter().flatten().any(|d| d["health"] == state)
+        })
+    })
+}
+
+/// The driver reports `state` for the device every pod shares; for each pod,
+/// the seconds until its status says so and until its `.health` file does.
+fn health_delays(node: &Node, ns: &str, uids: &BTreeMap<String, String>, report: &Value, state: &str) -> Vec<(f64, f64)> {
+    // The pods' statuses, as a watch sees them, timed as they arrive.
+    let mut watch = node
+        .kubectl_command(&["get", "pods", "-n", ns, "--watch", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Value)>();
+    std::thread::spawn(move || {
+        for pod in serde_json::Deserializer::from_reader(std::io::BufReader::new(stdout)).into_iter::<Value>() {
+            let Ok(pod) = pod else { return };
+            if tx.send((Instant::now(), pod)).is_err() {
+                return;
+            }
+        }
+    });
+    // The watch lists every pod first: changes come after.
+    for _ in 0..uids.len() {
+        rx.recv_timeout(Duration::from_secs(60)).expect("the pods' watch lists them");
+    }
+    let t0 = Instant::now();
+    node.set_health(GPU_DRIVER, report);
+    let mut status_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut file_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let deadline = t0 + Duration::from_secs(120);
+    while (file_at.len() < uids.len() || status_at.len() < uids.len()) && Instant::now() < deadline {
+        while let Ok((at, pod)) = rx.try_recv() {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if at >= t0 && status_reports(&pod, state) {
+                status_at.entry(name).or_insert(at);
+            }
+        }
+        for (name, uid) in uids {
+            if file_at.contains_key(name) {
+                continue;
+            }
+            let file = node.node_path(&format!(
+                "/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/dra/mount/gpu/gpu/0/.health"
+            ));
+            if std::fs::read_to_string(file).is_ok_and(|h| h == state) {
+                file_at.insert(name.clone(), Instant::now());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(file_at.len(), uids.len(), "{state}: files changed in {} of {} pods", file_at.len(), uids.len());
+    uids.keys()
+        .map(|name| {
+            let file = file_at[name];
+            let from_status = status_at.get(name).map_or(f64::NAN, |s| file.saturating_duration_since(*s).as_secs_f64());
+            (file.duration_since(t0).as_secs_f64(), from_status)
+        })
+        .collect()
+}
+
+fn median_max(mut v: Vec<f64>) -> String {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    v.sort_by(f64::total_cmp);
+    format!("{:.2} / {:.2}", v[v.len() / 2], v[v.len() - 1])
+}
+
 fn total(m: &BTreeMap<String, f64>) -> f64 {
     m.values().sum()
 }
@@ -132,7 +251,8 @@ fn main() {
     node.namespace(ns, Some("restricted"));
     node.shared_gpu_template(ns, "gpu-share", "512Mi");
     node.csi_driver();
-    let mut agent = node.spawn_drafs_node(&["--watch-for", "5s"], "agent.log");
+    let mut agent = Some(start_agent(node, false));
+    let mut delays = Vec::new();
     let (idle_watches, _) = api_counts(node);
     let idle_requests = requests_per_minute(node);
     let idle_rss = apiserver_rss(node);
@@ -146,7 +266,12 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|");
     for &n in &counts {
-        for csi in [false, true] {
+        for mode in [Mode::Sidecars, Mode::Csi, Mode::CsiLive] {
+            let csi = mode != Mode::Sidecars;
+            if mode == Mode::CsiLive {
+                stop_agent(agent.take().unwrap());
+                agent = Some(start_agent(node, true));
+            }
             let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
             let manifest = if csi {
                 names.iter().map(|p| pod(ns, p, true).to_string()).collect::<Vec<_>>().join("\n---\n")
@@ -173,13 +298,34 @@ fn main() {
             let extra = total(&per_minute) - total(&idle_requests);
             println!(
                 "| {n} | {} | {} ({}, {}, {}) | {extra:.0} | {rss:.0} | {started:.1} |",
-                if csi { "CSI volume (`drafs node`)" } else { "`serve` sidecar each" },
+                mode.name(),
                 w("pods") + w("resourceclaims") + w("resourceslices"),
                 w("pods"),
                 w("resourceclaims"),
                 w("resourceslices"),
             );
-            eprintln!("  {n} pods, {}: requests in the minute: {per_minute:?}", if csi { "csi" } else { "sidecars" });
+            eprintln!("  {n} pods, {}: requests in the minute: {per_minute:?}", mode.name());
+            if mode == Mode::CsiLive {
+                let pods = node.get_json(&["pods", "-n", ns]).unwrap();
+                let uids: BTreeMap<String, String> = pods["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| (p["metadata"]["name"].as_str().unwrap().into(), p["metadata"]["uid"].as_str().unwrap().into()))
+                    .collect();
+                let claim = node.get_json(&["resourceclaim", "-n", ns, &node.claim_of(ns, "p0", "gpu")]).unwrap();
+                let result = &claim["status"]["allocation"]["devices"]["results"][0];
+                let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+                for (state, message) in [("Unhealthy", "XID 79 (bench)"), ("Healthy", "")] {
+                    let report = json!([{"pool": pool, "device": device, "health": state, "message": message}]);
+                    let d = health_delays(node, ns, &uids, &report, state);
+                    let from_report = median_max(d.iter().map(|x| x.0).collect());
+                    let from_status = median_max(d.iter().map(|x| x.1).collect());
+                    delays.push(format!("| {n} | to {state} | {from_report} | {from_status} |"));
+                }
+                stop_agent(agent.take().unwrap());
+                agent = Some(start_agent(node, false));
+            }
             node.kubectl_ok(&[
                 "delete",
                 "pods",
@@ -197,7 +343,11 @@ fn main() {
             }));
         }
     }
-    // SAFETY: a signal to the agent's process group.
-    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
-    let _ = agent.wait();
+    println!("\nHealth reported by the driver, to each pod's `.health` file (`--watch-node-pods`), seconds:\n");
+    println!("| pods | change | report to file, median / max | pod status to file, median / max |");
+    println!("|---|---|---|---|");
+    for line in delays {
+        println!("{line}");
+    }
+    stop_agent(agent.take().unwrap());
 }

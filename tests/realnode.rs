@@ -99,17 +99,6 @@ fn each_mode_serves_the_allocated_device_in_a_real_pod() {
     assert_eq!(node.exec(ns, "app-init", "app", &["cat", "/dra/gpu/gpu/0/productName"]), "NVIDIA H200");
 }
 
-/// The claim the scheduler made for a pod's claim (from its status).
-fn claim_of(node: &Node, ns: &str, pod: &str, pod_claim: &str) -> String {
-    let p = node.wait_pod(ns, pod, "with its claim allocated", Duration::from_secs(60), |p| {
-        p["status"]["resourceClaimStatuses"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|c| c["name"] == pod_claim && c["resourceClaimName"].is_string()))
-    });
-    let statuses = p["status"]["resourceClaimStatuses"].as_array().unwrap();
-    statuses.iter().find(|c| c["name"] == pod_claim).unwrap()["resourceClaimName"].as_str().unwrap().to_string()
-}
-
 /// Write a network device's status into a claim, as a network driver does
 /// after the sandbox starts (through the status subresource).
 fn set_interface_names(node: &Node, ns: &str, claim: &str) {
@@ -148,7 +137,7 @@ fn the_examples_run_unchanged_on_a_real_node() {
         node.kubectl_apply(&example(dir));
     }
     // The NIC driver reports interface names after prepare, as network drivers do.
-    let nics = claim_of(node, "drafs-rdma", "allreduce-worker-3", "nics");
+    let nics = node.claim_of("drafs-rdma", "allreduce-worker-3", "nics");
     set_interface_names(node, "drafs-rdma", &nics);
 
     let gpu = |ns: &str, pod: &str, claim: &str, attribute: &str| {
@@ -570,7 +559,7 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     let args = ["--mode", "sidecar-files", "--require", "gpu/gpu/0/uuid", "--ready-when-healthy"];
     node.kubectl_apply(&inject(&gpu_pod(ns, "app", "one-gpu"), &args));
     node.wait_running(ns, "app");
-    let claim_name = claim_of(node, ns, "app", "gpu");
+    let claim_name = node.claim_of(ns, "app", "gpu");
     let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_name]).unwrap();
     let result = &claim["status"]["allocation"]["devices"]["results"][0];
     let (driver, pool, device) =
@@ -641,7 +630,7 @@ fn two_pods_sharing_a_gpu_by_memory_each_read_their_share() {
         assert_eq!(read(".capacity/gpu.nvidia.com/memory"), "80Gi", "{pod}");
         assert_eq!(read("uuid"), "GPU-5c1f7e2a-3b4d-4e6f-8a9b-0c1d2e3f4a5b", "{pod}");
         // What the scheduler wrote, as drafs serves it.
-        let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_of(node, ns, pod, "gpu")]).unwrap();
+        let claim = node.get_json(&["resourceclaim", "-n", ns, &node.claim_of(ns, pod, "gpu")]).unwrap();
         let result = &claim["status"]["allocation"]["devices"]["results"][0];
         assert_eq!(result["consumedCapacity"]["memory"], "20Gi", "{claim}");
         assert_eq!(read(".shareID"), result["shareID"].as_str().unwrap(), "{pod}");

@@ -376,6 +376,51 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     }
 }
 
+/// With `node.watchNodePods`, the chart's agent watches its node's pods: a
+/// pod whose volume's own watches have ended (`--watch-for=5s` here, 2 min by
+/// default) sees its GPU's health change in its file as the kubelet reports
+/// it, each way, not at the next refresh (5 min). The agent's account may
+/// list and watch pods for it, and still nothing else of a pod's.
+#[test]
+fn a_health_change_reaches_the_volume_of_a_pod_past_its_watch_window() {
+    let Some(node) = node::shared() else { return };
+    let values = ["node.watchNodePods=true", "node.extraArgs={--watch-for=5s}"];
+    install_chart_agent(node, &chart_node_objects_with(node::DRAFS_IMAGE, &values));
+    let ns = "csi-health";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    let pod = node.wait_running(ns, "app");
+    // Past the window: the volume's run watches its pod and claim no more.
+    let parked = wait_for(Duration::from_secs(60), || {
+        agent_log(node).lines().any(|l| l.contains(&format!("pod={ns}/app")) && l.contains("watch window over"))
+    });
+    assert!(parked, "the volume still watches its pod; the agent's log:\n{}", agent_log(node));
+
+    let claim = node.get_json(&["resourceclaim", "-n", ns, &node.claim_of(ns, "app", "gpu")]).unwrap();
+    let result = &claim["status"]["allocation"]["devices"]["results"][0];
+    let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+    let report = |state: &str, message: &str| {
+        node.set_health(GPU_DRIVER, &json!([{"pool": pool, "device": device, "health": state, "message": message}]));
+    };
+    report("Unhealthy", "XID 79 (from the test)");
+    wait_read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health", "Unhealthy");
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.healthMessage"), "XID 79 (from the test)");
+    report("Healthy", "");
+    wait_read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health", "Healthy");
+    assert_eq!(node.get_json(&["pod", "-n", ns, "app"]).unwrap()["metadata"]["uid"], pod["metadata"]["uid"]);
+
+    let can = |verb: &str, what: &str| {
+        let account = "system:serviceaccount:drafs-system:drafs-node";
+        node.kubectl(&["auth", "can-i", verb, what, "--all-namespaces", "--as", account]).status.success()
+    };
+    assert!(can("watch", "pods") && can("list", "pods"));
+    for (verb, what) in [("get", "pods"), ("list", "resourceclaims.resource.k8s.io"), ("get", "secrets")] {
+        assert!(!can(verb, what), "the agent's account may {verb} {what}");
+    }
+    node.kubectl_ok(&["delete", "namespace", ns, "--wait=false"]);
+}
+
 /// The watches the API server holds open, by resource
 /// (`apiserver_longrunning_requests`).
 fn open_watches(node: &Node) -> std::collections::BTreeMap<String, u64> {

@@ -28,7 +28,7 @@ use kube::core::Request;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::engine::PodRef;
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
@@ -76,6 +76,8 @@ pub struct Engine {
     /// moment between a list and the watch after it never stops it.
     subscriptions: HashMap<Scope, watch::Receiver<Arc<SliceSet>>>,
     polling: Option<Polling>,
+    /// The pod's watch was parked once (said once in the log).
+    parked: bool,
 }
 
 /// The pod and its claims asked again when poked, instead of watched, once a
@@ -119,6 +121,7 @@ impl Engine {
             seen: Arc::default(),
             subscriptions: HashMap::new(),
             polling: None,
+            parked: false,
             pod,
         }
     }
@@ -206,6 +209,9 @@ impl Engine {
                     if let Some(polling) = &self.polling {
                         let left = polling.live_until.saturating_duration_since(Instant::now());
                         if left.is_zero() {
+                            if matches!(scope, Scope::Pod(_)) && !std::mem::replace(&mut self.parked, true) {
+                                info!("watch window over: the pod and its claims are read again when poked");
+                            }
                             // A poke from now on asks again, even one that comes before the task runs.
                             let seen = *polling.poke.borrow();
                             let poke = polling.poke.clone();

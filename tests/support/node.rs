@@ -330,9 +330,15 @@ impl Node {
         self.kubectl_stdin(args, None)
     }
 
-    pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Output {
+    /// `kubectl ARGS` in the node, as its admin, from the repository root; not started.
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
         let mut cmd = self.in_node(self.bin.join("kubectl"));
         cmd.arg("--kubeconfig").arg(self.admin_kubeconfig()).args(args).current_dir(super::repo_path(""));
+        cmd
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Output {
+        let mut cmd = self.kubectl_command(args);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if input.is_some() {
             cmd.stdin(Stdio::piped());
@@ -510,6 +516,17 @@ impl Node {
             .stderr(std::fs::File::create(self.work.join(log)).unwrap());
         cmd.process_group(0);
         cmd.spawn().unwrap()
+    }
+
+    /// The claim the scheduler made for a pod's claim (from its status).
+    pub fn claim_of(&self, ns: &str, pod: &str, pod_claim: &str) -> String {
+        let p = self.wait_pod(ns, pod, "with its claim allocated", Duration::from_secs(60), |p| {
+            p["status"]["resourceClaimStatuses"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|c| c["name"] == pod_claim && c["resourceClaimName"].is_string()))
+        });
+        let statuses = p["status"]["resourceClaimStatuses"].as_array().unwrap();
+        statuses.iter().find(|c| c["name"] == pod_claim).unwrap()["resourceClaimName"].as_str().unwrap().to_string()
     }
 
     /// The device the scheduler allocated to a pod's claim: (driver, device name).
