@@ -9,7 +9,7 @@ set -euo pipefail
 tag=$1
 # 10.58 MB (amd64) on 2026-12-05 with node mode's tenancy work (docs/deploy.md
 # says what the size buys); arm64 is measured against the same limit.
-max_bytes=$((10750 * 1000))
+max_bytes=$((11000 * 1000))
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml" | head -n 1)
 
 elf_machine() { # arch -> readelf's Machine
