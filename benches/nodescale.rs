@@ -149,13 +149,9 @@ fn start_agent(node: &Node, live: bool) -> std::process::Child {
 }
 
 fn stop_agent(mut agent: std::process::Child) {
-    println!("\nHealth reported by the driver, to each pod's `.health` file (`--watch-node-pods`), seconds:\n");
-    println!("| pods | change | report to file, median / max | pod status to file, median / max |");
-    println!("|---|---|---|---|");
-    for line in delays {
-        println!("{line}");
-    }
-    stop_agent(agent.take().unwrap());
+    // SAFETY: a signal to the agent's process group.
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
+    let _ = agent.wait();
 }
 
 /// Whether a pod's status (as the API server has it) reports `state` for a device.
