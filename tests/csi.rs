@@ -485,7 +485,13 @@ fn a_health_change_past_the_watch_window_reaches_the_tree_through_the_node_pod_w
     let health = a.target().join("gpu/gpu/0/.health");
     let reads = |want: &str| {
         let read = wait_for(Duration::from_secs(10), || std::fs::read_to_string(&health).is_ok_and(|h| h == want));
-        assert!(read, "{} is {:?}, not {want}: {:#?}", health.display(), std::fs::read_to_string(&health), a.api.requests().iter().map(|r| (&r.verb, &r.path, &r.query, r.status)).collect::<Vec<_>>());
+        assert!(
+            read,
+            "{} is {:?}, not {want}: {:#?}",
+            health.display(),
+            std::fs::read_to_string(&health),
+            a.api.requests().iter().map(|r| (&r.verb, &r.path, &r.query, r.status)).collect::<Vec<_>>()
+        );
     };
     a.report_health("trainer-0", "Unhealthy", "XID 79");
     reads("Unhealthy");

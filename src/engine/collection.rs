@@ -61,7 +61,8 @@ impl Collection {
             let body = bounded(REQUEST_TIMEOUT, client.request_text(request))
                 .await
                 .map_err(|e| ApiError::named(e, "list", self.resource, format!(" ({})", self.field_selector)))?;
-            let page: RawList = serde_json::from_str(&body).map_err(|e| self.failed("list", format!("malformed: {e}")))?;
+            let page: RawList =
+                serde_json::from_str(&body).map_err(|e| self.failed("list", format!("malformed: {e}")))?;
             for raw in page.items {
                 each(raw.get()).map_err(|e| self.failed("list", e))?;
             }

@@ -509,7 +509,8 @@ impl<M: Mounts> Volumes<M> {
         let client = client_as(&self.shared, token.clone(), &p.pod.namespace);
         let (tx, progress) = watch::channel(Progress::Starting);
         let (stop, stopped) = oneshot::channel();
-        let polling = Polling { poke: slot.poke.subscribe(), live_until: (Instant::now() + self.timing.watch_for).into() };
+        let polling =
+            Polling { poke: slot.poke.subscribe(), live_until: (Instant::now() + self.timing.watch_for).into() };
         let sharing = Some(Sharing { slices: self.slices.clone(), polling });
         // The tree, or the standard view alone, written at the target.
         let (backend, metadata_dir, metadata_from_drivers) = match &p.view {
