@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::node::{self, DRAFS_IMAGE, GPU_DRIVER, Node, SHELL_IMAGE};
+use support::node::{self, DRAFS_IMAGE, Node, SHELL_IMAGE};
 use support::*;
 
 const RESOURCES: [&str; 3] = ["pods", "resourceclaims", "resourceslices"];
@@ -157,15 +157,23 @@ fn stop_agent(mut agent: std::process::Child) {
 /// Whether a pod's status (as the API server has it) reports `state` for a device.
 fn status_reports(pod: &Value, state: &str) -> bool {
     pod["status"]["containerStatuses"].as_array().into_iter().flatten().any(|c| {
-        c["allocatedResourcesStatus"].as_array().into_iter().flatten().any(|r| {
-            r["resources"].as_array().into_iter().flatten().any(|d| d["health"] == state)
-        })
+        c["allocatedResourcesStatus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["resources"].as_array().into_iter().flatten().any(|d| d["health"] == state))
     })
 }
 
 /// The driver reports `state` for the device every pod shares; for each pod,
 /// the seconds until its status says so and until its `.health` file does.
-fn health_delays(node: &Node, ns: &str, uids: &BTreeMap<String, String>, report: &Value, state: &str) -> Vec<(f64, f64)> {
+fn health_delays(
+    node: &Node,
+    ns: &str,
+    uids: &BTreeMap<String, String>,
+    report: impl FnOnce(),
+    state: &str,
+) -> Vec<(f64, f64)> {
     // The pods' statuses, as a watch sees them, timed as they arrive.
     let mut watch = node
         .kubectl_command(&["get", "pods", "-n", ns, "--watch", "-o", "json"])
@@ -187,7 +195,7 @@ fn health_delays(node: &Node, ns: &str, uids: &BTreeMap<String, String>, report:
         rx.recv_timeout(Duration::from_secs(60)).expect("the pods' watch lists them");
     }
     let t0 = Instant::now();
-    node.set_health(GPU_DRIVER, report);
+    report();
     let mut status_at: BTreeMap<String, Instant> = BTreeMap::new();
     let mut file_at: BTreeMap<String, Instant> = BTreeMap::new();
     let deadline = t0 + Duration::from_secs(120);
@@ -217,7 +225,8 @@ fn health_delays(node: &Node, ns: &str, uids: &BTreeMap<String, String>, report:
     uids.keys()
         .map(|name| {
             let file = file_at[name];
-            let from_status = status_at.get(name).map_or(f64::NAN, |s| file.saturating_duration_since(*s).as_secs_f64());
+            let from_status =
+                status_at.get(name).map_or(f64::NAN, |s| file.saturating_duration_since(*s).as_secs_f64());
             (file.duration_since(t0).as_secs_f64(), from_status)
         })
         .collect()
@@ -307,14 +316,13 @@ fn main() {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .map(|p| (p["metadata"]["name"].as_str().unwrap().into(), p["metadata"]["uid"].as_str().unwrap().into()))
+                    .map(|p| {
+                        (p["metadata"]["name"].as_str().unwrap().into(), p["metadata"]["uid"].as_str().unwrap().into())
+                    })
                     .collect();
-                let claim = node.get_json(&["resourceclaim", "-n", ns, &node.claim_of(ns, "p0", "gpu")]).unwrap();
-                let result = &claim["status"]["allocation"]["devices"]["results"][0];
-                let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+                let gpu = node.allocated_device(ns, "p0", "gpu");
                 for (state, message) in [("Unhealthy", "XID 79 (bench)"), ("Healthy", "")] {
-                    let report = json!([{"pool": pool, "device": device, "health": state, "message": message}]);
-                    let d = health_delays(node, ns, &uids, &report, state);
+                    let d = health_delays(node, ns, &uids, || node.report_gpu_health(&gpu, state, message), state);
                     let from_report = median_max(d.iter().map(|x| x.0).collect());
                     let from_status = median_max(d.iter().map(|x| x.1).collect());
                     delays.push(format!("| {n} | to {state} | {from_report} | {from_status} |"));

@@ -559,11 +559,8 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     let args = ["--mode", "sidecar-files", "--require", "gpu/gpu/0/uuid", "--ready-when-healthy"];
     node.kubectl_apply(&inject(&gpu_pod(ns, "app", "one-gpu"), &args));
     node.wait_running(ns, "app");
-    let claim_name = node.claim_of(ns, "app", "gpu");
-    let claim = node.get_json(&["resourceclaim", "-n", ns, &claim_name]).unwrap();
-    let result = &claim["status"]["allocation"]["devices"]["results"][0];
-    let (driver, pool, device) =
-        (result["driver"].as_str().unwrap(), result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
+    let gpu = node.allocated_device(ns, "app", "gpu");
+    let (claim_name, driver, pool, device) = (&gpu.claim, &gpu.driver, &gpu.pool, &gpu.device);
 
     // The driver's prepare-time data (a MIG device it created), through the status subresource.
     let data = json!({"uuid": "MIG-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", "profile": "1g.18gb", "gpu": {"index": 0}});
@@ -574,7 +571,7 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
         "resourceclaim",
         "-n",
         ns,
-        &claim_name,
+        claim_name,
         "--subresource=status",
         "--type=merge",
         "-p",
@@ -588,9 +585,7 @@ fn device_health_a_driver_reports_reaches_the_tree_and_the_pods_readiness() {
     // Nothing reported yet: the kubelet says Unknown (the file says what the kubelet says).
     wait_read_in_app(node, ns, "app", health, "Unknown");
 
-    let report = |state: &str, message: &str| {
-        node.set_health(GPU_DRIVER, &json!([{"pool": pool, "device": device, "health": state, "message": message}]));
-    };
+    let report = |state: &str, message: &str| node.report_gpu_health(&gpu, state, message);
     report("Unhealthy", "XID 79 (from the test)");
     wait_read_in_app(node, ns, "app", health, "Unhealthy");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.healthMessage"), "XID 79 (from the test)");

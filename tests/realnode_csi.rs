@@ -397,12 +397,8 @@ fn a_health_change_reaches_the_volume_of_a_pod_past_its_watch_window() {
     });
     assert!(parked, "the volume still watches its pod; the agent's log:\n{}", agent_log(node));
 
-    let claim = node.get_json(&["resourceclaim", "-n", ns, &node.claim_of(ns, "app", "gpu")]).unwrap();
-    let result = &claim["status"]["allocation"]["devices"]["results"][0];
-    let (pool, device) = (result["pool"].as_str().unwrap(), result["device"].as_str().unwrap());
-    let report = |state: &str, message: &str| {
-        node.set_health(GPU_DRIVER, &json!([{"pool": pool, "device": device, "health": state, "message": message}]));
-    };
+    let gpu = node.allocated_device(ns, "app", "gpu");
+    let report = |state: &str, message: &str| node.report_gpu_health(&gpu, state, message);
     report("Unhealthy", "XID 79 (from the test)");
     wait_read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.health", "Unhealthy");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/.healthMessage"), "XID 79 (from the test)");

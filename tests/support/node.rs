@@ -529,6 +529,23 @@ impl Node {
         statuses.iter().find(|c| c["name"] == pod_claim).unwrap()["resourceClaimName"].as_str().unwrap().to_string()
     }
 
+    /// The first device the scheduler allocated to a pod's claim (from its
+    /// status), with the claim's name.
+    pub fn allocated_device(&self, ns: &str, pod: &str, pod_claim: &str) -> AllocatedDevice {
+        let claim = self.claim_of(ns, pod, pod_claim);
+        let object = self.get_json(&["resourceclaim", "-n", ns, &claim]).expect("the pod's claim exists");
+        let result = &object["status"]["allocation"]["devices"]["results"][0];
+        let field = |name: &str| result[name].as_str().unwrap_or_else(|| panic!("{claim}: no {name} in {result}")).to_string();
+        AllocatedDevice { driver: field("driver"), pool: field("pool"), device: field("device"), claim }
+    }
+
+    /// The test GPU driver reports `state` for one device (the kubelet's DRA
+    /// health stream carries it into the pod's status).
+    pub fn report_gpu_health(&self, device: &AllocatedDevice, state: &str, message: &str) {
+        let report = json!([{"pool": device.pool, "device": device.device, "health": state, "message": message}]);
+        self.set_health(GPU_DRIVER, &report);
+    }
+
     /// The device the scheduler allocated to a pod's claim: (driver, device name).
     pub fn allocated(&self, ns: &str, pod: &Value, pod_claim: &str) -> (String, String) {
         // A claim the pod names directly, or the one made from its template (in the status).
@@ -691,4 +708,13 @@ pub fn gpu_pod(ns: &str, name: &str, template: &str) -> String {
         },
     })
     .to_string()
+}
+
+/// One device allocated to a pod's claim, as its ResourceClaim's status says.
+#[derive(Debug, Clone)]
+pub struct AllocatedDevice {
+    pub claim: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
 }
