@@ -1,0 +1,204 @@
+//! The reconciler: what drafs knows, what it publishes, and what it asks the
+//! API for next, as a plain value.
+//!
+//! It never does I/O and never reads the clock. The drive loop (`drive`)
+//! feeds it [`Input`]s (the pod, a list, a watch event, an error, the
+//! deadline) with the time they arrived, carries out the [`Action`]s of each
+//! [`Step`] (get the pod, list a scope, watch it from a resource version,
+//! decode slices with a new device filter), and hands what the step
+//! publishes and its [`Transition`] to the outputs. `init`, `serve`, `get`
+//! and `exec` differ only in their [`Mode`].
+//!
+//! Its state is three things: the objects ([`Store`]), one [`Tracker`] per
+//! scope (what is asked for, how its retries wait, its last error; the pod
+//! is a scope whose list is a GET), and where the run stands ([`Phase`],
+//! moved only by the table in [`phase::transition`]).
+//!
+//! By concern: the words it speaks (`vocabulary`), what each input does to
+//! the state (`inputs`), what it asks of the API server per scope
+//! (`requests`), resolving and concluding (`resolving`), the phase and its
+//! table (`phase`), and each warning once (`warned`).
+
+mod inputs;
+mod phase;
+mod requests;
+mod resolving;
+#[cfg(test)]
+mod tests;
+mod vocabulary;
+mod warned;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::engine::PodRef;
+use crate::engine::store::{Scope, Store};
+use crate::model::backoff::{WatchBackoff, seed_of};
+pub use crate::model::publication::{Publication, Transition};
+use crate::model::resolve::Selection;
+use crate::model::slices::DeviceFilter;
+use crate::model::tree::{RequirePath, Tree};
+pub use phase::{Change, Phase};
+use requests::Tracker;
+pub use vocabulary::{Action, Input, Mode, Step};
+use warned::Warned;
+
+/// The reconciler.
+#[derive(Debug)]
+pub struct Reconciler {
+    mode: Mode,
+    pod_ref: PodRef,
+    selection: Selection,
+    require: Vec<RequirePath>,
+    store: Store,
+    /// Every scope asked for, the pod's included.
+    trackers: BTreeMap<Scope, Tracker>,
+    phase: Phase,
+    /// The run is over (its last step said why).
+    done: bool,
+    /// The filter the engine decodes with, once every claim is listed.
+    filter: Option<DeviceFilter>,
+    /// The pod's watch was refused (401/403): serve goes on without it.
+    pod_watch_refused: bool,
+    /// Retries of scopes answered once (see [`WatchBackoff`]): one for the run.
+    trouble: WatchBackoff,
+    warned: Warned,
+    published: Option<Tree>,
+    last_missing: Vec<String>,
+    /// When [`Reconciler::start`] was called.
+    started: Option<Instant>,
+    /// Inputs were taken in since the last resolution.
+    unsettled: bool,
+    /// The objects come from this file: every get and list is answered at
+    /// once and nothing ever changes, so nothing is waited for or watched.
+    fixed: Option<String>,
+    /// The uid of the pod served, when the caller knows it (the node agent).
+    expected_uid: Option<String>,
+    /// Since when a ready tree's devices are missing only because their
+    /// pools are gone, and the tree is kept (for `pool_grace`).
+    holding_since: Option<Instant>,
+    pool_grace: Duration,
+}
+
+/// How long a served tree outlives the pools of its devices. Starting, a
+/// kubelet deletes every ResourceSlice of its node, and each driver publishes
+/// its pools again only after its slice controller's sync delay (30 s by
+/// default): the devices, still allocated to the pod, have not changed.
+pub const VANISHED_POOL_GRACE: Duration = Duration::from_secs(90);
+
+impl Reconciler {
+    pub fn new(mode: Mode, pod_ref: PodRef, selection: Selection, require: Vec<RequirePath>) -> Self {
+        let seed = seed_of(&format!("{}/{}", pod_ref.namespace, pod_ref.name));
+        Reconciler {
+            mode,
+            pod_ref,
+            selection,
+            require,
+            store: Store::default(),
+            trackers: BTreeMap::new(),
+            phase: Phase::WaitingForPod,
+            done: false,
+            filter: None,
+            pod_watch_refused: false,
+            trouble: WatchBackoff::new(seed),
+            warned: Warned::default(),
+            published: None,
+            last_missing: Vec::new(),
+            started: None,
+            unsettled: false,
+            fixed: None,
+            expected_uid: None,
+            holding_since: None,
+            pool_grace: VANISHED_POOL_GRACE,
+        }
+    }
+
+    /// Serve only the pod with this uid (the node agent's volume belongs to
+    /// one pod; another of the same name is refused).
+    pub fn expecting_uid(mut self, uid: Option<String>) -> Self {
+        self.expected_uid = uid;
+        self
+    }
+
+    /// Keep a followed tree this long when its devices' pools are gone.
+    pub fn keeping_gone_pools_for(mut self, grace: Duration) -> Self {
+        self.pool_grace = grace;
+        self
+    }
+
+    /// The objects come from a file, named `shown` in messages.
+    pub fn fixed(mut self, shown: String) -> Self {
+        self.fixed = Some(shown);
+        self
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn pod_uid(&self) -> Option<String> {
+        self.store.pod.as_ref().and_then(|p| p.metadata.uid.clone()).filter(|u| !u.is_empty())
+    }
+
+    /// The scopes with a watch open or asked for.
+    pub fn watching(&self) -> impl Iterator<Item = &Scope> {
+        self.trackers.iter().filter(|(_, t)| t.watching).map(|(scope, _)| scope)
+    }
+
+    /// The first step, at `now`: fetch the pod.
+    pub fn start(&mut self, now: Instant) -> Step {
+        self.started = Some(now);
+        let mut step = Step::default();
+        self.list(self.pod_scope(), Duration::ZERO, &mut step);
+        step
+    }
+
+    /// Take in one input that arrived at `now`, and resolve.
+    pub fn handle(&mut self, now: Instant, input: Input) -> Step {
+        self.handle_all(now, [input])
+    }
+
+    /// Take in every input, then resolve once: a burst of watch events costs
+    /// one resolution and at most one tree, of the latest state.
+    pub fn handle_all(&mut self, now: Instant, inputs: impl IntoIterator<Item = Input>) -> Step {
+        let mut step = self.absorb(now, inputs);
+        step.merge(self.settle(now));
+        step
+    }
+
+    /// Take in inputs without resolving yet (the caller is still writing the
+    /// last tree): only what the inputs themselves call for (retries, the
+    /// end of a run) is in the step.
+    pub fn absorb(&mut self, now: Instant, inputs: impl IntoIterator<Item = Input>) -> Step {
+        let mut step = Step::default();
+        for input in inputs {
+            if self.done {
+                break;
+            }
+            self.unsettled |= self.apply(now, input, &mut step);
+        }
+        step
+    }
+
+    /// Resolve what the inputs taken in since the last resolution changed.
+    pub fn settle(&mut self, now: Instant) -> Step {
+        let mut step = Step::default();
+        if std::mem::take(&mut self.unsettled) {
+            self.evaluate(now, &mut step);
+        }
+        step
+    }
+
+    /// Inputs were taken in and not resolved yet.
+    pub fn is_unsettled(&self) -> bool {
+        self.unsettled && !self.done
+    }
+
+    pub(super) fn pod_scope(&self) -> Scope {
+        Scope::Pod(self.pod_ref.name.clone())
+    }
+}
