@@ -91,6 +91,10 @@ if index=$(buildah manifest inspect "$tag" 2>/dev/null); then
     [ "$archs" = "linux/amd64 linux/arm64 " ] || { echo "FAIL: the index $tag lists '$archs', not linux/amd64 and linux/arm64"; exit 1; }
     echo "ok: $tag is an index of $archs"
     for arch in amd64 arm64; do
+        # The image checked is the one the index points to, not only one of the same name.
+        listed=$(jq -r --arg a "$arch" '.manifests[] | select(.platform.architecture == $a) | .digest' <<<"$index")
+        named=$(buildah inspect --type image --format '{{.FromImageDigest}}' "$tag-$arch")
+        [ "$listed" = "$named" ] || { echo "FAIL: the index's $arch manifest is $listed, $tag-$arch is $named"; exit 1; }
         check_image "$tag-$arch" "$arch"
     done
 else

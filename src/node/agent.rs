@@ -135,6 +135,27 @@ fn used_bytes(dir: &Path) -> Option<u64> {
     Some((st.f_blocks.saturating_sub(st.f_bfree)) as u64 * st.f_frsize as u64)
 }
 
+/// Where the registration socket is in `serve_sockets`' pair.
+const REGISTRATION: usize = 1;
+
+/// Make a missing socket again. The kubelet registers the agent anew through
+/// a registration socket made again: until it confirms, `/readyz` says so.
+fn remake(socket: &OwnSocket, registration: bool, metrics: &NodeMetrics) -> Option<UnixListener> {
+    match socket.rebind() {
+        Ok(listener) => {
+            if registration {
+                metrics.registration_pending();
+            }
+            info!(socket = %socket.path.display(), "the socket was gone: listening again");
+            Some(listener)
+        }
+        Err(e) => {
+            warn!(socket = %socket.path.display(), "the socket is gone and cannot be made again: {e}");
+            None
+        }
+    }
+}
+
 /// Serve the endpoint and the registration socket until `stop` resolves,
 /// making either again when it goes missing.
 pub async fn serve_sockets<M: Mounts>(
@@ -158,16 +179,12 @@ pub async fn serve_sockets<M: Mounts>(
         for (i, (socket, task)) in served.iter_mut().enumerate() {
             match socket.state() {
                 SocketState::Ours => replaced_told[i] = false,
-                SocketState::Missing => match socket.rebind() {
-                    Ok(listener) => {
+                SocketState::Missing => {
+                    if let Some(listener) = remake(socket, i == REGISTRATION, &service.metrics) {
                         task.abort();
                         *task = spawn(listener);
-                        info!(socket = %socket.path.display(), "the socket was gone: listening again");
                     }
-                    Err(e) => {
-                        warn!(socket = %socket.path.display(), "the socket is gone and cannot be made again: {e}")
-                    }
-                },
+                }
                 SocketState::Replaced => {
                     if !std::mem::replace(&mut replaced_told[i], true) {
                         warn!(socket = %socket.path.display(), "another process listens at the socket now; it is left to it");
@@ -203,5 +220,30 @@ mod tests {
         assert_eq!(newer.state(), SocketState::Ours, "the newer agent's socket is left to it");
         newer.remove_if_ours();
         assert!(!path.exists());
+    }
+
+    /// A registration socket made again is not ready until the kubelet has
+    /// registered the agent through it again; the endpoint's changes nothing.
+    #[tokio::test]
+    async fn a_registration_socket_made_again_waits_for_the_kubelet_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = NodeMetrics::default();
+        metrics.registration(true, "");
+        let quiet = Census::default();
+        for (name, registration) in [("csi.sock", false), ("drafs.dev-reg.sock", true)] {
+            let path = dir.path().join(name);
+            let (socket, _listener) = OwnSocket::bind(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let _again = remake(&socket, registration, &metrics).expect("made again");
+            assert_eq!(socket.state(), SocketState::Ours);
+            let reason = metrics.unready_reason(&quiet);
+            if registration {
+                assert_eq!(reason.as_deref(), Some("the kubelet has not confirmed the registration yet"));
+            } else {
+                assert_eq!(reason, None, "the endpoint's socket does not need a registration");
+            }
+        }
+        metrics.registration(true, "");
+        assert_eq!(metrics.unready_reason(&quiet), None);
     }
 }

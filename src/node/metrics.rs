@@ -101,6 +101,13 @@ impl NodeMetrics {
         *lock(&self.registration_error) = (!registered).then(|| error.to_string());
     }
 
+    /// The registration socket was made again: the kubelet registers the
+    /// agent anew through it, and until it confirms, the agent is not ready.
+    pub fn registration_pending(&self) {
+        self.registered.store(false, Ordering::Relaxed);
+        *lock(&self.registration_error) = None;
+    }
+
     /// None while ready: registered by the kubelet, both sockets the agent's.
     pub fn unready_reason(&self, census: &Census) -> Option<String> {
         if let Some(sockets) = &census.sockets {
@@ -197,6 +204,8 @@ mod tests {
         let m = NodeMetrics::default();
         let census = Census {
             max_pods: 110,
+            failing_runs: 2,
+            tmpfs_bytes: 8192,
             slice_watches: vec![("spec.nodeName=n1".into(), true, false)],
             ..Default::default()
         };
@@ -230,6 +239,8 @@ mod tests {
             "drafs_node_max_pods 110\n",
             "drafs_node_slice_watch_up{scope=\"spec.nodeName=n1\"} 1\n",
             "drafs_node_registered 1\n",
+            "drafs_node_failing_runs 2\n",
+            "drafs_node_tmpfs_bytes 8192\n",
         ] {
             assert!(text.contains(line), "{line:?} missing from:\n{text}");
         }
