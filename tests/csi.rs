@@ -564,3 +564,50 @@ fn a_slow_write_on_one_volume_holds_up_no_call() {
     // The write lands; the run, never stopped, serves on.
     wait_until("csi-1's tree updated", Duration::from_secs(60), || !old());
 }
+
+/// The agent's log, written by the calls made inside [`logged`].
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Run `calls` with the log of this thread (where each call is driven) captured.
+fn logged(calls: impl FnOnce()) -> String {
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    tracing::subscriber::with_default(subscriber, calls);
+    String::from_utf8(log.0.lock().unwrap().clone()).unwrap()
+}
+
+/// Every line about a volume names its pod: the pod the agent serves, or for
+/// a volume it does not know (unpublished after the agent restarted, or
+/// refused before it is looked up) the uid in the kubelet's target path.
+#[test]
+fn every_line_about_a_volume_names_its_pod() {
+    let a = agent();
+    let log = logged(|| {
+        a.publish(TOKEN).expect("published");
+        a.unpublish_volume("csi-1", &a.target_of(UID_2, "dra")).unwrap_err();
+        std::fs::create_dir_all(a.target_of(UID_2, "dra")).unwrap();
+        a.unpublish_volume("csi-from-before-a-restart", &a.target_of(UID_2, "dra")).expect("unpublished");
+        a.unpublish().expect("unpublished");
+    });
+    let about_volumes: Vec<&str> = log.lines().filter(|l| l.contains("volume{")).collect();
+    assert!(about_volumes.len() >= 4, "{log}");
+    for line in &about_volumes {
+        assert!(!line.contains("pod=\"\"") && !line.contains("pod= "), "a line without its pod: {line}");
+    }
+    let of = |volume: &str, what: &str| about_volumes.iter().any(|l| l.contains(volume) && l.contains(what));
+    assert!(of(&format!("pod=uid {UID_2} volume=csi-from-before-a-restart"), "unpublished"), "{log}");
+    assert!(of("pod=ml/trainer-0 volume=csi-1", "unpublish refused"), "{log}");
+    assert!(of("pod=ml/trainer-0 volume=csi-1", "unpublished"), "{log}");
+}

@@ -136,6 +136,15 @@ fn a_restricted_pod_reads_its_device_from_a_csi_volume_live_across_agent_restart
     let gone = wait_for(Duration::from_secs(30), || agent_mounts(node, &uid).is_empty());
     assert!(gone, "the pod's tmpfs is still mounted: {:?}", agent_mounts(node, &uid));
     kill_agent(agent);
+
+    // Every line about a volume names its pod, the unpublishes of the
+    // restarted agent (which had not served the pods) included.
+    let log = std::fs::read_to_string(node.work().join("drafs-node-2.log")).unwrap_or_default();
+    let about_volumes: Vec<&str> = log.lines().filter(|l| l.contains("volume{")).collect();
+    assert!(about_volumes.iter().any(|l| l.contains("unpublished")), "no unpublish logged:\n{log}");
+    let nameless: Vec<&&str> =
+        about_volumes.iter().filter(|l| l.contains("pod=\"\"") || l.contains("pod= ") || l.contains("pod=}")).collect();
+    assert!(nameless.is_empty(), "lines about a volume without its pod: {nameless:#?}");
 }
 
 /// Where KEP-5304 readers (KubeVirt's virt-launcher) look for the standard view.

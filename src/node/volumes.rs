@@ -371,6 +371,25 @@ impl<M: Mounts> Volumes<M> {
     /// remove the directory. Done already is done; a target that is not the
     /// volume's is left alone.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
+        let slot = self.table().slots.get(volume_id).cloned();
+        // The pod as the agent knows it, else (an agent restarted since the
+        // publish) the uid in the target's path.
+        let pod = match (&slot, target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t))) {
+            (Some(slot), _) => slot.pod.clone(),
+            (None, Some(uid)) => format!("uid {uid}"),
+            (None, None) => String::new(),
+        };
+        let span = info_span!("volume", %pod, volume = %volume_id);
+        let outcome = self.unpublish_slot(volume_id, slot, target).instrument(span.clone()).await;
+        if let Err(status) = &outcome {
+            span.in_scope(
+                || warn!(target = %target.display(), code = ?status.code, "unpublish refused: {}", status.message),
+            );
+        }
+        outcome
+    }
+
+    async fn unpublish_slot(&self, volume_id: &str, slot: Option<Arc<Slot>>, target: &Path) -> Result<(), Status> {
         if target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t)).is_none() {
             return Err(Status::new(
                 Code::InvalidArgument,
@@ -381,11 +400,7 @@ impl<M: Mounts> Volumes<M> {
                 ),
             ));
         }
-        let (slot, holder) = {
-            let slots = &self.table().slots;
-            let holder = slots.values().find(|s| s.target == target && s.volume_id != volume_id).cloned();
-            (slots.get(volume_id).cloned(), holder)
-        };
+        let holder = self.table().slots.values().find(|s| s.target == target && s.volume_id != volume_id).cloned();
         if let Some(other) = holder.or_else(|| slot.clone().filter(|s| s.target != target)) {
             return Err(Status::new(
                 Code::FailedPrecondition,
@@ -397,23 +412,18 @@ impl<M: Mounts> Volumes<M> {
                 ),
             ));
         }
-        let span = info_span!("volume", pod = slot.as_ref().map_or("", |s| s.pod.as_str()), volume = %volume_id);
-        async {
-            if let Some(slot) = &slot {
-                let mut state = slot.state.lock().await;
-                if let Some(run) = state.run.take() {
-                    run.stop().await;
-                }
-                state.turns = None;
-                state.gone = true;
-                self.forget(slot, true);
+        if let Some(slot) = &slot {
+            let mut state = slot.state.lock().await;
+            if let Some(run) = state.run.take() {
+                run.stop().await;
             }
-            self.remove_target(target)?;
-            info!(target = %target.display(), "unpublished");
-            Ok(())
+            state.turns = None;
+            state.gone = true;
+            self.forget(slot, true);
         }
-        .instrument(span)
-        .await
+        self.remove_target(target)?;
+        info!(target = %target.display(), "unpublished");
+        Ok(())
     }
 
     /// Unmount drafs's tmpfs at `target` and remove the directory.
