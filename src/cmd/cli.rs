@@ -15,8 +15,8 @@ use crate::model::tree::RequirePath;
 use crate::publish::events::EventsMode;
 
 /// What `drafs --version` says: the version of Cargo.toml (the release's,
-/// the chart's and the image tag's), and the commit when the build was told
-/// it (`image/build.sh` sets `DRAFS_REVISION`).
+/// the chart's and the image tag's), and the commit it was built from
+/// (`build.rs`: `DRAFS_REVISION`, else the checkout's HEAD).
 pub fn version() -> &'static str {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION.get_or_init(|| match option_env!("DRAFS_REVISION") {
