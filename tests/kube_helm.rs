@@ -406,11 +406,11 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    for arg in ["--max-pods=110", "--volume-size=8Mi", "--metrics-addr=0.0.0.0:9809"] {
+    for arg in ["--max-pods=110", "--volume-size=12Mi", "--metrics-addr=0.0.0.0:9809"] {
         assert!(args.contains(&arg), "{arg} not in {args:?}");
     }
     // Every volume's tmpfs at its largest, and the agent.
-    assert_eq!(container["resources"]["limits"]["memory"], "1008Mi");
+    assert_eq!(container["resources"]["limits"]["memory"], "1448Mi");
     let sized =
         render(&cp, &["--set", "node.enabled=true", "--set", "node.maxPods=20", "--set", "node.volumeSizeMi=2"]);
     assert_eq!(

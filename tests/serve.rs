@@ -1007,3 +1007,72 @@ fn a_pool_gone_for_a_while_keeps_the_tree_whole() {
     serve.wait_for(".ready", None, LIMIT);
     wait_until("the loss logged", LIMIT, || log.lock().unwrap().contains("no longer ready"));
 }
+
+/// A tmpfs of `size` mounted at `dir` by the test, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "drafs-test", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", stderr(&out));
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The `sizeLimit` `drafs inject` gives the tree's in-memory emptyDir, as
+/// tmpfs writes sizes (`12Mi` -> `12m`).
+fn injected_tree_volume_size(mode: &str) -> String {
+    let out = drafs_with_stdin(
+        &["inject", "--mode", mode, "--image", "drafs:test", "-"],
+        &read("tests/inject/deployment.yaml"),
+    );
+    let docs = yaml_docs(&String::from_utf8(out.stdout).unwrap());
+    let volumes = docs[0]["spec"]["template"]["spec"]["volumes"].as_array().expect("volumes").clone();
+    let tree = volumes.iter().find(|v| v["name"] == "dra").expect("the tree's volume");
+    let limit = tree["emptyDir"]["sizeLimit"].as_str().expect("a sizeLimit").to_string();
+    limit.strip_suffix("Mi").map(|n| format!("{n}m")).unwrap_or_else(|| panic!("a size in Mi: {limit}"))
+}
+
+/// In the emptyDir `drafs inject` gives a sidecar-files pod, a node's 8 GPUs
+/// (30 attributes each, a tree of 2.1 MiB of tmpfs pages) are updated again
+/// and again while a reader stays inside the first tree: every update lands,
+/// and the tree the reader is in stays whole (the superseded ones are kept,
+/// and the volume holds them).
+#[test]
+fn a_sidecar_files_volume_holds_an_eight_gpu_tree_its_updates_and_the_trees_kept_for_readers() {
+    if !require_fuse() {
+        return;
+    }
+    let api = api_for("ml");
+    eight_device_slice(&api, 1);
+    eight_device_pod(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    let _tmpfs = Tmpfs::mount(&dir, &injected_tree_volume_size("sidecar-files"));
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    let first = std::fs::canonicalize(dir.join("gpu/gpu/7")).unwrap();
+    let held = std::fs::File::open(&first).unwrap();
+    for generation in 2..=3 {
+        eight_device_slice(&api, generation);
+        serve.wait_for("gpu/gpu/7/attr29", Some(&format!("value-7-29-{generation}")), LIMIT);
+    }
+    // The reader inside the first tree still reads all of its device.
+    for a in 0..30 {
+        let value = std::fs::read_to_string(first.join(format!("attr{a}")));
+        assert_eq!(value.ok(), Some(format!("value-7-{a}-1")), "attr{a} of the first tree, read from inside it");
+    }
+    drop(held);
+    serve.signal(libc::SIGTERM);
+    let out = serve.wait(LIMIT);
+    assert!(!stderr(&out).contains("no room"), "{}", stderr(&out));
+}

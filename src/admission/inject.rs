@@ -21,6 +21,13 @@ const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
 const TOKEN_VOLUME: &str = "drafs-token";
 const METADATA_VOLUME: &str = "dra-metadata";
+/// The tree's in-memory emptyDir (init, sidecar-files): the tree, the next one
+/// while it is swapped in and the two superseded ones kept for readers, for a
+/// node's 8 GPUs (2.1 MiB of tmpfs pages each). Its pages are charged to the
+/// drafs container (limit 32Mi), beside drafs's own 10 to 16 MiB.
+pub const TREE_VOLUME_SIZE: &str = "12Mi";
+/// The standard view's emptyDir: one small JSON file per claim and driver.
+const METADATA_VOLUME_SIZE: &str = "4Mi";
 /// The volume the ServiceAccount admission plugin adds for the automounted token.
 const AUTOMOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
 /// drafs's own default `--timeout`, for the startup probe when none is given.
@@ -559,17 +566,17 @@ fn inject_spec(spec: &mut Value, opts: &Options) -> Result<Injected, Skip> {
             .push(json!({"name": volumes.token, "mountPath": TOKEN_PATH, "readOnly": true}));
     }
     array(spec, "initContainers").insert(0, container);
-    let in_memory = json!({"medium": "Memory", "sizeLimit": "4Mi"});
+    let in_memory = |size: &str| json!({"medium": "Memory", "sizeLimit": size});
     let pod_volumes = array(spec, "volumes");
     pod_volumes.push(match opts.mode {
         Mode::SidecarFuse => json!({"name": volumes.tree, "emptyDir": {}}),
-        _ => json!({"name": volumes.tree, "emptyDir": in_memory}),
+        _ => json!({"name": volumes.tree, "emptyDir": in_memory(TREE_VOLUME_SIZE)}),
     });
     if opts.mode == Mode::SidecarFuse {
         pod_volumes.push(json!({"name": volumes.fuse, "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}}));
     }
     if opts.metadata_dir.is_some() {
-        pod_volumes.push(json!({"name": volumes.metadata, "emptyDir": in_memory}));
+        pod_volumes.push(json!({"name": volumes.metadata, "emptyDir": in_memory(METADATA_VOLUME_SIZE)}));
     }
     if own_account {
         pod_volumes.push(token_volume(&volumes.token));

@@ -127,8 +127,9 @@ pub struct NodeArgs {
     #[arg(long, env = "DRAFS_MAX_PODS", default_value_t = 110, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_pods: u32,
     /// The largest tmpfs of a volume: its tree, the next one while it is swapped in, and the
-    /// superseded ones kept for readers still inside them. A tree that outgrows it is refused.
-    #[arg(long, env = "DRAFS_VOLUME_SIZE", default_value = "8Mi", value_name = "SIZE", value_parser = crate::model::names::parse_size)]
+    /// superseded ones kept for readers still inside them (12Mi: four 8-GPU trees of 2.1 MiB).
+    /// A tree that outgrows it is refused.
+    #[arg(long, env = "DRAFS_VOLUME_SIZE", default_value = "12Mi", value_name = "SIZE", value_parser = crate::model::names::parse_size)]
     pub volume_size: u64,
     /// The most files, directories and links a volume's tmpfs holds (as --volume-size, in inodes).
     #[arg(long, env = "DRAFS_VOLUME_INODES", default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u64).range(64..=1_000_000))]
