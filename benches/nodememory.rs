@@ -10,7 +10,9 @@
 //! node (30 attributes each: a tree of 8 GPUs, what a monitoring pod with
 //! admin access sees); the hostile rows give every pod 256 KiB of annotations,
 //! a container command of 256 KiB and a claim with 256 KiB of driver
-//! configuration, which the agent must not keep.
+//! configuration, which the agent must not keep. The agent runs in a memory
+//! cgroup of the bench's own: what the kernel charges it, and of it the
+//! tmpfs pages (shmem), is read from the cgroup, served and after unpublish.
 //!
 //! Run: `sudo cargo bench --bench nodememory` (root: it mounts tmpfs; about 4
 //! minutes). Prints a Markdown table. `DRAFS_BENCH_PODS=30,110` chooses the
@@ -148,6 +150,54 @@ fn tmpfs_used(dir: &Path) -> u64 {
     (st.f_blocks - st.f_bfree) as u64 * st.f_frsize as u64
 }
 
+/// A memory cgroup of the bench's own for the agent, so that what the kernel
+/// charges it (its RSS and the tmpfs pages it writes, as shared memory) is
+/// read, not added up: cgroup v2 (`memory.current`) or v1
+/// (`memory.usage_in_bytes`). None where neither can be made.
+struct Cgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl Cgroup {
+    fn make() -> Option<Cgroup> {
+        let name = format!("drafs-nodememory-{}", std::process::id());
+        let candidates = [(Path::new("/sys/fs/cgroup").join(&name), true), (Path::new("/sys/fs/cgroup/memory").join(&name), false)];
+        for (dir, v2) in candidates {
+            let usage = if v2 { "memory.current" } else { "memory.usage_in_bytes" };
+            if std::fs::create_dir(&dir).is_ok() {
+                if dir.join(usage).exists() {
+                    return Some(Cgroup { dir, v2 });
+                }
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+        None
+    }
+
+    fn enter(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move the agent into its cgroup");
+    }
+
+    /// What the cgroup is charged, and of it the shared memory (tmpfs pages), in KiB.
+    fn charged_kib(&self) -> (u64, u64) {
+        let usage = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
+        let bytes: u64 = std::fs::read_to_string(self.dir.join(usage)).unwrap().trim().parse().unwrap();
+        let stat = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap();
+        let shmem: u64 = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("shmem ").and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_default();
+        (bytes / 1024, shmem / 1024)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 fn percentile(times: &mut [Duration], p: f64) -> f64 {
     times.sort();
     times[((times.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
@@ -161,6 +211,8 @@ struct Row {
     peak: u64,
     steady_rss: u64,
     tmpfs: u64,
+    /// The agent's cgroup at the served peak, and after unpublish: (KiB charged, of which shmem).
+    cgroup: Option<((u64, u64), (u64, u64))>,
     after_rss: u64,
     burst: Vec<Duration>,
 }
@@ -190,6 +242,10 @@ fn measure(rt: &tokio::runtime::Runtime, pods: usize, hostile: bool) -> Row {
         .env("DRAFS_LOG", "warn")
         .spawn()
         .unwrap();
+    let cgroup = Cgroup::make();
+    if let Some(cgroup) = &cgroup {
+        cgroup.enter(agent.id());
+    }
     wait_until("the CSI socket", Duration::from_secs(30), || socket.exists());
     let pid = agent.id();
     let idle_rss = proc_status_kib(pid, "VmRSS:");
@@ -208,6 +264,7 @@ fn measure(rt: &tokio::runtime::Runtime, pods: usize, hostile: bool) -> Row {
     let rss = proc_status_kib(pid, "VmRSS:");
     let peak = proc_status_kib(pid, "VmHWM:");
     let tmpfs: u64 = (0..pods).map(|i| tmpfs_used(&target(kubelet.path(), i))).sum();
+    let charged_served = cgroup.as_ref().map(Cgroup::charged_kib);
     // Once every pod's watches have ended: what serving the pods costs for their life.
     std::thread::sleep(WATCH_FOR + Duration::from_secs(5));
     let steady_rss = proc_status_kib(pid, "VmRSS:");
@@ -220,9 +277,10 @@ fn measure(rt: &tokio::runtime::Runtime, pods: usize, hostile: bool) -> Row {
         assert!(!target(kubelet.path(), i).exists(), "p{i} still mounted after unpublish");
     }
     let after_rss = proc_status_kib(pid, "VmRSS:");
+    let charged = charged_served.zip(cgroup.as_ref().map(Cgroup::charged_kib));
     let _ = agent.kill();
     let _ = agent.wait();
-    Row { pods, hostile, idle_rss, rss, peak, steady_rss, tmpfs, after_rss, burst }
+    Row { pods, hostile, idle_rss, rss, peak, steady_rss, tmpfs, cgroup: charged, after_rss, burst }
 }
 
 fn main() {
@@ -237,17 +295,21 @@ fn main() {
         .unwrap_or_else(|| vec![1, 30, 110]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     println!(
-        "| pods (8 GPUs each) | objects | agent RSS idle | agent RSS served (watched) | per pod | agent RSS served (steady) | per pod | tmpfs held | per pod | agent cgroup (RSS + tmpfs) | RSS after unpublish | publish of {BURST} at once: median, slowest |"
+        "| pods (8 GPUs each) | objects | agent RSS idle | agent RSS served (watched) | per pod | agent RSS served (steady) | per pod | tmpfs held | per pod | agent cgroup, served (of it shmem) | agent cgroup after unpublish (shmem) | RSS after unpublish | publish of {BURST} at once: median, slowest |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &pods in &rows {
         for hostile in [false, true] {
             let mut row = measure(&rt, pods, hostile);
             let mib = |kib: u64| kib as f64 / 1024.0;
             let per_pod = |rss: u64| rss.saturating_sub(row.idle_rss) as f64 / row.pods as f64;
             let tmpfs_kib = row.tmpfs / 1024;
+            let charged = |c: Option<(u64, u64)>| match c {
+                Some((all, shmem)) => format!("{:.1} MiB ({:.1})", mib(all), mib(shmem)),
+                None => "no cgroup".into(),
+            };
             println!(
-                "| {} | {} | {:.1} MiB | {:.1} MiB (peak {:.1}) | {:.0} KiB | {:.1} MiB | {:.0} KiB | {:.1} MiB | {} KiB | {:.1} MiB | {:.1} MiB | {:.0} ms, {:.0} ms |",
+                "| {} | {} | {:.1} MiB | {:.1} MiB (peak {:.1}) | {:.0} KiB | {:.1} MiB | {:.0} KiB | {:.1} MiB | {} KiB | {} | {} | {:.1} MiB | {:.0} ms, {:.0} ms |",
                 row.pods,
                 if row.hostile { "hostile (256 KiB x3 each)" } else { "plain" },
                 mib(row.idle_rss),
@@ -258,7 +320,8 @@ fn main() {
                 per_pod(row.steady_rss),
                 mib(tmpfs_kib),
                 tmpfs_kib / row.pods as u64,
-                mib(row.rss.max(row.steady_rss) + tmpfs_kib),
+                charged(row.cgroup.map(|c| c.0)),
+                charged(row.cgroup.map(|c| c.1)),
                 mib(row.after_rss),
                 percentile(&mut row.burst, 0.5),
                 percentile(&mut row.burst, 1.0),
