@@ -162,7 +162,8 @@ struct Cgroup {
 impl Cgroup {
     fn make() -> Option<Cgroup> {
         let name = format!("drafs-nodememory-{}", std::process::id());
-        let candidates = [(Path::new("/sys/fs/cgroup").join(&name), true), (Path::new("/sys/fs/cgroup/memory").join(&name), false)];
+        let candidates =
+            [(Path::new("/sys/fs/cgroup").join(&name), true), (Path::new("/sys/fs/cgroup/memory").join(&name), false)];
         for (dir, v2) in candidates {
             let usage = if v2 { "memory.current" } else { "memory.usage_in_bytes" };
             if std::fs::create_dir(&dir).is_ok() {
@@ -184,10 +185,8 @@ impl Cgroup {
         let usage = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
         let bytes: u64 = std::fs::read_to_string(self.dir.join(usage)).unwrap().trim().parse().unwrap();
         let stat = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap();
-        let shmem: u64 = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("shmem ").and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_default();
+        let shmem: u64 =
+            stat.lines().find_map(|l| l.strip_prefix("shmem ").and_then(|v| v.trim().parse().ok())).unwrap_or_default();
         (bytes / 1024, shmem / 1024)
     }
 }

@@ -658,8 +658,9 @@ echo "walked files=$n missing=$bad""#;
 }
 
 /// The kubelet restarted: the trees it published stay readable, the agent is
-/// registered again, and new pods get their volumes; existing ones are live
-/// again at their next republish.
+/// registered again (and again once its registration socket is removed), and
+/// new pods get their volumes; existing ones are live again at their next
+/// republish.
 #[test]
 fn a_kubelet_restart_keeps_the_trees_and_serves_new_pods() {
     let Some(node) = node::shared() else { return };
@@ -678,6 +679,22 @@ fn a_kubelet_restart_keeps_the_trees_and_serves_new_pods() {
     });
     assert!(known, "the restarted kubelet does not know the pod");
     assert_eq!(read_in_app(node, ns, "before", "/dra/gpu/gpu/0/productName"), "NVIDIA H200");
+    wait_registered(node);
+    // The registration socket removed (a clean-up of the kubelet's plugin
+    // registry): the agent makes it again and the kubelet registers it again.
+    let log = node.work().join("drafs-node.log");
+    let registrations =
+        || std::fs::read_to_string(&log).unwrap_or_default().matches("registered with the kubelet").count();
+    let before = registrations();
+    let removed = node.in_node("rm").arg("/var/lib/kubelet/plugins_registry/drafs.dev-reg.sock").output().unwrap();
+    assert!(removed.status.success(), "rm: {}", stderr(&removed));
+    let again = wait_for(Duration::from_secs(60), || registrations() > before);
+    assert!(
+        again,
+        "not registered again after its socket was removed:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(std::fs::read_to_string(&log).unwrap_or_default().contains("the socket was gone: listening again"));
     wait_registered(node);
     node.kubectl_apply(&csi_pod_from(ns, "after", "gpu-2gi"));
     node.wait_running(ns, "after");
