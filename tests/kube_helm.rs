@@ -409,13 +409,13 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     for arg in ["--max-pods=110", "--volume-size=12Mi", "--metrics-addr=0.0.0.0:9809"] {
         assert!(args.contains(&arg), "{arg} not in {args:?}");
     }
-    // Every volume's tmpfs at its largest, and the agent.
-    assert_eq!(container["resources"]["limits"]["memory"], "1448Mi");
+    // Every volume's tmpfs at its largest (pages, and 1 KiB of kernel memory a file), and the agent.
+    assert_eq!(container["resources"]["limits"]["memory"], "1888Mi");
     let sized =
         render(&cp, &["--set", "node.enabled=true", "--set", "node.maxPods=20", "--set", "node.volumeSizeMi=2"]);
     assert_eq!(
         find(&sized, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
-        "168Mi"
+        "248Mi"
     );
     let given = render(&cp, &["--set", "node.enabled=true", "--set", "node.resources.limits.memory=300Mi"]);
     assert_eq!(
