@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 
 use kube::Client;
 use tokio::sync::watch;
@@ -158,6 +158,9 @@ impl Feed for Inputs {
 pub struct Run {
     inputs: Inputs,
     reconciler: Reconciler,
+    /// What every line the run logs is about: the pod it serves (a node
+    /// agent's log holds many) and its mode.
+    span: tracing::Span,
     outputs: Option<Outputs>,
     mount_id: Option<u64>,
     progress: Option<watch::Sender<Progress>>,
@@ -231,11 +234,11 @@ impl Run {
         require: Vec<RequirePath>,
         publish: Option<(Publisher, Arc<Metrics>, &Publishing)>,
     ) -> Result<Run, RunError> {
-        let (inputs, reconciler, events) = match source {
+        let (inputs, reconciler, events, pod) = match source {
             Source::File { path, pod_name } => {
                 let file = FileSource::read(path, pod_name.as_deref())?;
-                let reconciler = Reconciler::new(mode, file.pod, selection, require).fixed(file.shown);
-                (Inputs::File(file.feed), reconciler, Events::none())
+                let reconciler = Reconciler::new(mode, file.pod.clone(), selection, require).fixed(file.shown);
+                (Inputs::File(file.feed), reconciler, Events::none(), file.pod)
             }
             Source::Api { .. } | Source::Connected { .. } => {
                 let (client, pod, uid, sharing) = match source {
@@ -258,15 +261,16 @@ impl Run {
                 if let Some(Sharing { slices, polling }) = sharing {
                     engine = engine.with_shared_slices(slices).with_polling(polling);
                 }
-                let mut reconciler = Reconciler::new(mode, pod, selection, require).expecting_uid(uid);
+                let mut reconciler = Reconciler::new(mode, pod.clone(), selection, require).expecting_uid(uid);
                 if let Some((_, _, out)) = &publish {
                     reconciler = reconciler.keeping_gone_pools_for(out.pool_grace);
                 }
-                (Inputs::Api(engine), reconciler, events)
+                (Inputs::Api(engine), reconciler, events, pod)
             }
         };
         let outputs = publish.map(|(publisher, metrics, out)| Outputs::new(publisher, metrics, events, &out.dir));
-        Ok(Run { inputs, reconciler, outputs, mount_id: None, progress: None })
+        let span = info_span!("run", pod = %format!("{}/{}", pod.namespace, pod.name), ?mode);
+        Ok(Run { inputs, reconciler, span, outputs, mount_id: None, progress: None })
     }
 
     /// The FUSE mount this run serves, by mount id.
@@ -285,6 +289,7 @@ impl Run {
         let until_ready = self.reconciler.mode() != Mode::Follow;
         let progress = self.progress.as_ref();
         drive::drive_reporting(&mut self.inputs, &mut self.reconciler, self.outputs.as_mut(), until_ready, progress)
+            .instrument(self.span.clone())
             .await
     }
 
