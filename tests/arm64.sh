@@ -54,12 +54,6 @@ skip=(
     # catches every signal from its first instruction, so the signal can come
     # before drafs has its handler and kill it (exit 143, 1 in 20 tries).
     'test(=a_signal_stops_inject_waiting_for_standard_input_like_any_command)'
-    # Runs `drafs unmount` and then sends SIGTERM, expecting exit 0; serve
-    # checks its mount every second and exits 1 when it finds it removed.
-    # Natively the test is over in 0.1 s; under qemu it takes 2 s and the
-    # check came first in 1 of 40 runs (the log: "the FUSE mount ... was
-    # removed"), a race in the test, not an arm64 fault.
-    'test(=fuse_sidecar_example)'
     # Expects more than 50 reads in a 1 s window whose first read also runs
     # `drafs probe`: natively instant, under qemu 0.2 s and more under load
     # (48 reads once), the test's timing, not an arm64 fault.

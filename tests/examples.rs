@@ -142,7 +142,12 @@ fn fuse_sidecar_example() {
     assert!(exec(&env, &pre_stop).status.success());
     assert!(!is_mounted(&dra), "preStop unmounts");
     serve.signal(libc::SIGTERM);
-    assert_eq!(serve.wait(LIMIT).status.code(), Some(0));
+    // The kubelet sends SIGTERM once preStop is done; serve, which checks its
+    // mount every second, may see the mount gone first and exit 1 saying so.
+    // Either ends a terminating pod's sidecar (the kubelet restarts none then).
+    let out = serve.wait(LIMIT);
+    let mount_seen_gone = out.status.code() == Some(1) && stderr(&out).contains("was removed (drafs unmount");
+    assert!(out.status.code() == Some(0) || mount_seen_gone, "{:?}: {}", out.status, stderr(&out));
 }
 
 #[test]

@@ -287,6 +287,11 @@ fn install_chart_agent(node: &Node, objects: &str) {
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}).to_string(),
     );
     node.kubectl_apply(objects);
+    wait_chart_agent(node);
+}
+
+/// Until the chart's DaemonSet has its one pod ready and the kubelet lists the driver.
+fn wait_chart_agent(node: &Node) {
     let ds = wait_for(Duration::from_secs(90), || {
         node.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
             .is_some_and(|d| d["status"]["numberReady"] == 1 && d["status"]["updatedNumberScheduled"] == 1)
@@ -710,12 +715,43 @@ fn a_kubelet_restart_keeps_the_trees_and_serves_new_pods() {
     kill_agent(agent);
 }
 
+/// The chart, by its absolute path (helm runs in the node's mount namespace).
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/drafs");
+
+/// `helm ARGS` against the node's API server, as its admin (helm's caches in
+/// the node's directory).
+fn helm_on(node: &Node, args: &[&str]) -> String {
+    let home = node.work().join("helm");
+    let out = node
+        .in_node(support::helm::binary())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(node.admin_kubeconfig())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
 /// `helm upgrade` to a new image: the agent is replaced, the running pods'
 /// trees stay readable throughout, and are live again within one republish.
 #[test]
 fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
     let Some(node) = node::shared() else { return };
-    install_chart_agent(node, &chart_node_objects());
+    let (repository, tag) = node::DRAFS_IMAGE.split_once(':').unwrap();
+    let image = [format!("image.repository={repository}"), format!("image.tag={tag}")];
+    helm_on(
+        node,
+        &["install", "drafs", CHART, "--namespace", "drafs-system", "--create-namespace"]
+            .into_iter()
+            .chain(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never", "--set", &image[0]])
+            .chain(["--set", &image[1]])
+            .collect::<Vec<_>>(),
+    );
+    wait_chart_agent(node);
     let ns = "upgrade";
     node.namespace(ns, Some("restricted"));
     node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
@@ -733,7 +769,8 @@ fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
         .output()
         .unwrap();
     assert!(tagged.status.success(), "ctr images tag: {}", stderr(&tagged));
-    node.kubectl_apply(&chart_node_objects_with(&next, &[]));
+    let next_tag = format!("image.tag={tag}-next");
+    helm_on(node, &["upgrade", "drafs", CHART, "--namespace", "drafs-system", "--reuse-values", "--set", &next_tag]);
     let mut reads = 0;
     let replaced = wait_for(Duration::from_secs(120), || {
         // Readable all along.
