@@ -19,7 +19,7 @@ use drafs::model::resolve::{Resolution, Selection};
 use drafs::publish::events::Events;
 use drafs::publish::files::AtomicDir;
 use drafs::publish::metrics::Metrics;
-use drafs::publish::outputs::{Outputs, Publisher, TreeOutput};
+use drafs::publish::outputs::{Outputs, TreeOutput, TreeWriters};
 use serde_json::json;
 use support::*;
 use tokio::time::Instant;
@@ -222,7 +222,7 @@ struct Run {
 impl Run {
     async fn new(env: &Env, dir: &Path, mode: Mode, deadline: Option<Instant>) -> Run {
         let metrics = Arc::new(Metrics::default());
-        let publisher = Publisher::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None);
+        let publisher = TreeWriters::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None);
         let outputs = Outputs::new(publisher, metrics.clone(), Events::none(), dir);
         let engine = Engine::new(client(env).await, pod_ref("ml", "p"), deadline);
         let reconciler = Reconciler::new(mode, pod_ref("ml", "p"), Selection::default(), vec![]);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::cmd::Failure;
 use crate::cmd::cli::{OutputArgs, SelectArgs, SourceArgs};
 pub use crate::engine::run::Source;
-use crate::engine::run::{Publishing, TreeBackend};
+use crate::engine::run::{OutputSettings, TreeBackend};
 use crate::model::resolve::Selection;
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -52,14 +52,14 @@ impl Select {
 /// Where and how `init` and `serve` publish, and where a failure is told.
 #[derive(Debug, Clone)]
 pub struct Output {
-    pub publishing: Publishing,
+    pub publishing: OutputSettings,
     pub termination_log: PathBuf,
 }
 
 impl Output {
     pub fn from_args(args: &OutputArgs, backend: TreeBackend) -> Result<Self, Failure> {
         check_output_dirs(&args.dir, args.metadata_dir.as_deref())?;
-        let publishing = Publishing {
+        let publishing = OutputSettings {
             backend,
             dir: args.dir.clone(),
             metadata_dir: args.metadata_dir.clone(),

@@ -2,7 +2,7 @@
 //! view, Events), the source of the inputs (the API server or a file) and
 //! the reconciler, wired once for every command that resolves (`init`,
 //! `serve`, `get`, `exec`). The commands only turn flags into a [`Source`]
-//! and a [`Publishing`], and a [`RunError`] into an exit code.
+//! and a [`OutputSettings`], and a [`RunError`] into an exit code.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ use crate::publish::files::{AtomicDir, DirTurns, RETENTION, Retention, WriteErro
 use crate::publish::fuse::{FuseError, FuseMount};
 use crate::publish::metadata_dir::{MetadataDir, MetadataDirError};
 use crate::publish::metrics::{self, Metrics};
-use crate::publish::outputs::{Outputs, Publisher, TreeOutput};
+use crate::publish::outputs::{Outputs, TreeOutput, TreeWriters};
 
 /// How long a stop waits for a write under way (the kubelet's grace period is
 /// 30 s by default).
@@ -87,7 +87,7 @@ pub enum TreeBackend {
 
 /// Where and how a run publishes (`init`, `serve`).
 #[derive(Debug, Clone)]
-pub struct Publishing {
+pub struct OutputSettings {
     pub backend: TreeBackend,
     pub dir: PathBuf,
     pub metadata_dir: Option<PathBuf>,
@@ -185,7 +185,7 @@ impl Run {
         mode: Mode,
         selection: Selection,
         timeout: Duration,
-        out: &Publishing,
+        out: &OutputSettings,
     ) -> Result<Run, RunError> {
         let metrics = Arc::new(Metrics::default());
         if let Some(addr) = out.metrics_addr {
@@ -219,8 +219,8 @@ impl Run {
             (Some(d), _) => Some(MetadataDir::open(d, from_drivers)?),
             (None, _) => None,
         };
-        let publisher = Publisher::new(tree, metadata);
-        let wired = (publisher, metrics, out);
+        let writers = TreeWriters::new(tree, metadata);
+        let wired = (writers, metrics, out);
         let mut run = Run::wire(source, mode, selection, timeout, out.require.clone(), Some(wired)).await?;
         run.mount_id = mount_id;
         Ok(run)
@@ -232,7 +232,7 @@ impl Run {
         selection: Selection,
         timeout: Duration,
         require: Vec<RequirePath>,
-        publish: Option<(Publisher, Arc<Metrics>, &Publishing)>,
+        publish: Option<(TreeWriters, Arc<Metrics>, &OutputSettings)>,
     ) -> Result<Run, RunError> {
         let (inputs, reconciler, events, pod) = match source {
             Source::File { path, pod_name } => {
@@ -268,7 +268,7 @@ impl Run {
                 (Inputs::Api(engine), reconciler, events, pod)
             }
         };
-        let outputs = publish.map(|(publisher, metrics, out)| Outputs::new(publisher, metrics, events, &out.dir));
+        let outputs = publish.map(|(writers, metrics, out)| Outputs::new(writers, metrics, events, &out.dir));
         let span = info_span!("run", pod = %format!("{}/{}", pod.namespace, pod.name), ?mode);
         Ok(Run { inputs, reconciler, span, outputs, mount_id: None, progress: None })
     }

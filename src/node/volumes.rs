@@ -4,7 +4,7 @@
 //!
 //! A publish answers once the tree is written (the kubelet starts no container
 //! before), or after [`PUBLISH_WAIT`] with what is still missing (the kubelet
-//! shows it in the pod's events and calls again). Publishing is idempotent: a
+//! shows it in the pod's events and calls again). OutputSettings is idempotent: a
 //! second call for a volume finds its run; a refreshed token is swapped into
 //! the run in place; a run that failed is started again on the same tree; a
 //! tmpfs of drafs's already at the target (the agent restarted) is taken over
@@ -27,7 +27,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::engine::drive::Progress;
 use crate::engine::reconcile::{Mode, VANISHED_POOL_GRACE};
-use crate::engine::run::{Publishing, Run, Sharing, Source, TreeBackend};
+use crate::engine::run::{OutputSettings, Run, Sharing, Source, TreeBackend};
 use crate::engine::shared::SharedSlices;
 use crate::engine::source::Polling;
 use crate::node::credential::{PodToken, client_as};
@@ -527,7 +527,7 @@ impl<M: Mounts> Volumes<M> {
             View::Tree => (TreeBackend::Files, None, Vec::new()),
             View::Standard { from_drivers } => (TreeBackend::None, Some(p.target.clone()), from_drivers.clone()),
         };
-        let publishing = Publishing {
+        let publishing = OutputSettings {
             backend,
             dir: p.target.clone(),
             metadata_dir,

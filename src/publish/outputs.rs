@@ -41,12 +41,12 @@ pub enum PublishError {
 }
 
 /// Publishes each new tree and, when asked, the metadata view: the fan-out.
-pub struct Publisher {
+pub struct TreeWriters {
     tree: TreeOutput,
     metadata: Option<(MetadataDir, Generations)>,
 }
 
-impl Publisher {
+impl TreeWriters {
     /// The tree's output and the standard view's, if asked for (its
     /// directory taken for this writer: [`MetadataDir::open`]).
     pub fn new(tree: TreeOutput, metadata: Option<MetadataDir>) -> Self {
@@ -55,7 +55,7 @@ impl Publisher {
             let generations = read_generations(dir.path());
             (dir, generations)
         });
-        Publisher { tree, metadata }
+        TreeWriters { tree, metadata }
     }
 
     /// Remove the superseded payloads of the tree whose time is up.
@@ -66,7 +66,7 @@ impl Publisher {
         }
     }
 
-    /// When [`Publisher::tidy`] has something to do.
+    /// When [`TreeWriters::tidy`] has something to do.
     pub fn next_tidy(&self) -> Option<std::time::Instant> {
         match &self.tree {
             TreeOutput::Files(dir) => dir.next_tidy(),
@@ -112,7 +112,7 @@ struct Report {
 }
 
 /// What a write off the runtime thread gives back (no publication: it tidied).
-pub type Written = (Publisher, Option<Publication>, Result<(), PublishError>);
+pub type Written = (TreeWriters, Option<Publication>, Result<(), PublishError>);
 
 /// Writes trees off the runtime thread (a slow disk must not stall watches or
 /// `/readyz`), one at a time: a publication that comes while a write runs
@@ -122,8 +122,8 @@ pub type Written = (Publisher, Option<Publication>, Result<(), PublishError>);
 /// metrics and the pod's Events from one place, once the tree that carries
 /// them is written.
 pub struct Outputs {
-    /// None while a write runs (it has the publisher).
-    publisher: Option<Publisher>,
+    /// None while a write runs (it has the writers).
+    writers: Option<TreeWriters>,
     writing: Option<tokio::task::JoinHandle<Written>>,
     /// Reported when the write in progress is done.
     writing_reports: Vec<Report>,
@@ -144,9 +144,9 @@ pub struct Outputs {
 }
 
 impl Outputs {
-    pub fn new(publisher: Publisher, metrics: Arc<Metrics>, events: Events, dir: &Path) -> Self {
+    pub fn new(writers: TreeWriters, metrics: Arc<Metrics>, events: Events, dir: &Path) -> Self {
         Outputs {
-            publisher: Some(publisher),
+            writers: Some(writers),
             writing: None,
             writing_reports: Vec::new(),
             pending: None,
@@ -189,15 +189,15 @@ impl Outputs {
         if self.retry_at.is_none() {
             if let Some(publication) = self.pending.take() {
                 let dir = self.dir.clone();
-                let Some(mut publisher) = self.publisher.take() else {
+                let Some(mut writers) = self.writers.take() else {
                     self.pending = Some(publication);
                     return;
                 };
                 self.writing_reports = std::mem::take(&mut self.pending_reports);
                 self.writing = Some(tokio::task::spawn_blocking(move || {
                     slow_write_for_tests(&dir);
-                    let result = publisher.publish(&publication.resolution, &publication.built);
-                    (publisher, Some(publication), result)
+                    let result = writers.publish(&publication.resolution, &publication.built);
+                    (writers, Some(publication), result)
                 }));
                 return;
             }
@@ -207,12 +207,12 @@ impl Outputs {
         }
         // Superseded payloads whose time is up, even while a failed write waits for its retry.
         if self.tidy_at.is_some_and(|at| at <= Instant::now())
-            && let Some(mut publisher) = self.publisher.take()
+            && let Some(mut writers) = self.writers.take()
         {
             self.tidy_at = None;
             self.writing = Some(tokio::task::spawn_blocking(move || {
-                let result = publisher.tidy();
-                (publisher, None, result)
+                let result = writers.tidy();
+                (writers, None, result)
             }));
         }
     }
@@ -274,11 +274,11 @@ impl Outputs {
 
     /// A write ended: count it, report its transitions, and start the next one.
     pub fn finish_write(&mut self, written: Option<Written>) -> Result<(), PublishError> {
-        let Some((publisher, publication, result)) = written else {
+        let Some((writers, publication, result)) = written else {
             return Err(PublishError::WriterGone);
         };
-        self.tidy_at = publisher.next_tidy().map(Instant::from_std);
-        self.publisher = Some(publisher);
+        self.tidy_at = writers.next_tidy().map(Instant::from_std);
+        self.writers = Some(writers);
         let Some(publication) = publication else {
             // A tidy: a payload that could not be removed is tried again at the next write.
             if let Err(e) = result {
