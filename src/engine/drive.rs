@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::engine::EngineError;
-use crate::engine::reconcile::{Action, Input, Phase, Reconciler, Step};
+use crate::engine::reconcile::{Action, Input, Objects, Phase, Reconciler, Step};
 use crate::engine::source::{Engine, sleep_until_opt};
 use crate::model::resolve::Resolution;
 use crate::publish::outputs::{Outputs, PublishError, Written};
@@ -33,6 +33,10 @@ pub trait Feed {
     fn next_batch(&mut self) -> impl std::future::Future<Output = Vec<Input>>;
     /// The run is ready: its deadline no longer applies.
     fn clear_deadline(&mut self) {}
+    /// What the objects it feeds can do (the API server's change; a file's do not).
+    fn objects(&self) -> Objects {
+        Objects::Live
+    }
 }
 
 impl Feed for Engine {

@@ -1,9 +1,8 @@
 //! The other source: the pod, its claims and slices from a file
 //! (`--from-file`), fed to the same reconciler as the API server's answers.
 //! The file answers every get and list at once, from memory, and no watch
-//! ever brings a change: the reconciler, told its source is fixed
-//! ([`Reconciler::fixed`](crate::engine::reconcile::Reconciler::fixed)),
-//! decides without waiting for one.
+//! ever brings a change: the feed says so ([`Feed::objects`]: fixed), and the
+//! reconciler, reading it, decides without waiting for one.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -12,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::info;
 
 use crate::engine::drive::Feed;
-use crate::engine::reconcile::{Action, Input};
+use crate::engine::reconcile::{Action, Input, Objects};
 use crate::engine::store::{Item, Scope};
 use crate::model::PodRef;
 use crate::model::objects::{FileObjects, LoadError, Snapshot};
@@ -27,13 +26,14 @@ pub struct FileFeed {
     /// decoded with it, since the file's slices hold every device.
     filter: DeviceFilter,
     answers: VecDeque<Input>,
+    /// How messages name the file.
+    shown: String,
 }
 
-/// A file's feed, the pod it holds, and how to name the file in messages.
+/// A file's feed and the pod it holds.
 pub struct FileSource {
     pub feed: FileFeed,
     pub pod: PodRef,
-    pub shown: String,
 }
 
 impl FileSource {
@@ -50,8 +50,9 @@ impl FileSource {
         };
         let namespace = pod.metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into());
         let pod_ref = PodRef { namespace: namespace.clone(), name: pod.metadata.name.clone().unwrap_or_default() };
-        let feed = FileFeed { pod, namespace, objects, filter: DeviceFilter::default(), answers: VecDeque::new() };
-        Ok(FileSource { feed, pod: pod_ref, shown })
+        let filter = DeviceFilter::default();
+        let feed = FileFeed { pod, namespace, objects, filter, answers: VecDeque::new(), shown };
+        Ok(FileSource { feed, pod: pod_ref })
     }
 }
 
@@ -87,6 +88,10 @@ impl Feed for FileFeed {
                 Action::Filter(filter) => self.filter = filter,
             }
         }
+    }
+
+    fn objects(&self) -> Objects {
+        Objects::Fixed { shown: self.shown.clone() }
     }
 
     /// Everything answered so far; then nothing, ever.

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::engine::PodRef;
 use crate::engine::drive::{self, DriveError, Feed, Progress};
 use crate::engine::file::{FileFeed, FileSource};
-use crate::engine::reconcile::{Action, Input, Mode, Reconciler};
+use crate::engine::reconcile::{Action, Input, Mode, Objects, Reconciler};
 use crate::engine::shared::SharedSlices;
 use crate::engine::source::{Engine, NoCredentials, Polling, connect};
 use crate::model::objects::LoadError;
@@ -152,6 +152,13 @@ impl Feed for Inputs {
             engine.clear_deadline();
         }
     }
+
+    fn objects(&self) -> Objects {
+        match self {
+            Inputs::Api(engine) => engine.objects(),
+            Inputs::File(file) => file.objects(),
+        }
+    }
 }
 
 /// One run: its inputs, the reconciler, and (when it publishes) the outputs.
@@ -237,7 +244,8 @@ impl Run {
         let (inputs, reconciler, events, pod) = match source {
             Source::File { path, pod_name } => {
                 let file = FileSource::read(path, pod_name.as_deref())?;
-                let reconciler = Reconciler::new(mode, file.pod.clone(), selection, require).fixed(file.shown);
+                let reconciler =
+                    Reconciler::new(mode, file.pod.clone(), selection, require).reading(file.feed.objects());
                 (Inputs::File(file.feed), reconciler, Events::none(), file.pod)
             }
             Source::Api { .. } | Source::Connected { .. } => {

@@ -40,7 +40,7 @@ use crate::model::slices::DeviceFilter;
 use crate::model::tree::{RequirePath, Tree};
 pub use phase::{Change, Phase};
 use requests::Tracker;
-pub use vocabulary::{Action, Input, Mode, Step};
+pub use vocabulary::{Action, Input, Mode, Objects, Step};
 use warned::Warned;
 
 /// The reconciler.
@@ -69,9 +69,8 @@ pub struct Reconciler {
     started: Option<Instant>,
     /// Inputs were taken in since the last resolution.
     unsettled: bool,
-    /// The objects come from this file: every get and list is answered at
-    /// once and nothing ever changes, so nothing is waited for or watched.
-    fixed: Option<String>,
+    /// Where the objects come from, and so whether waiting can help.
+    objects: Objects,
     /// The uid of the pod served, when the caller knows it (the node agent).
     expected_uid: Option<String>,
     /// Since when a ready tree's devices are missing only because their
@@ -106,7 +105,7 @@ impl Reconciler {
             last_missing: Vec::new(),
             started: None,
             unsettled: false,
-            fixed: None,
+            objects: Objects::Live,
             expected_uid: None,
             holding_since: None,
             pool_grace: VANISHED_POOL_GRACE,
@@ -126,9 +125,9 @@ impl Reconciler {
         self
     }
 
-    /// The objects come from a file, named `shown` in messages.
-    pub fn fixed(mut self, shown: String) -> Self {
-        self.fixed = Some(shown);
+    /// Read objects from a source that can do what `objects` says.
+    pub fn reading(mut self, objects: Objects) -> Self {
+        self.objects = objects;
         self
     }
 

@@ -73,7 +73,7 @@ impl Reconciler {
 
     /// Watch a listed scope from its version, unless a list or watch of it is under way.
     pub(super) fn watch(&mut self, scope: &Scope, step: &mut Step) {
-        if self.fixed.is_some() || !self.store.is_listed(scope) {
+        if !self.objects.can_change() || !self.store.is_listed(scope) {
             return;
         }
         let Some(rv) = self.store.resource_version(scope).map(String::from) else { return };

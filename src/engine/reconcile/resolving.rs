@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::phase::{Change, Event, Phase, transition, waiting_phase};
-use super::{Action, Mode, Reconciler, Step};
+use super::{Action, Mode, Objects, Reconciler, Step};
 use crate::engine::EngineError;
 use crate::engine::store::Scope;
 use crate::model::publication::{Publication, Transition};
@@ -32,7 +32,7 @@ impl Reconciler {
             step.warnings.extend(self.warn_once(w));
         }
         let ready = built.is_ready();
-        if !ready && needs_pod_refresh(&res) && self.mode != Mode::Once && self.fixed.is_none() {
+        if !ready && needs_pod_refresh(&res) && self.mode != Mode::Once && self.objects.can_change() {
             let scope = self.pod_scope();
             if !self.tracker(&scope).listing {
                 let after = self.tracker(&scope).startup.next().unwrap_or_default();
@@ -41,7 +41,7 @@ impl Reconciler {
         }
         match self.mode {
             Mode::Once => self.finish(Ok(res), step),
-            Mode::UntilReady if !ready && self.fixed.is_some() => {
+            Mode::UntilReady if !ready && !self.objects.can_change() => {
                 self.finish(Err(EngineError::NotReady { missing: built.missing }), step);
             }
             Mode::UntilReady | Mode::Follow => self.conclude(now, res, built, step),
@@ -68,7 +68,7 @@ impl Reconciler {
             return None;
         }
         let mut res = resolve(&self.store.snapshot(), &self.selection);
-        if let Some(shown) = &self.fixed {
+        if let Objects::Fixed { shown } = &self.objects {
             explain_claims_not_in(shown, &mut res);
         }
         Some(res)

@@ -117,3 +117,21 @@ impl Step {
         }
     }
 }
+
+/// What the objects' source can do, as it declares it ([`crate::engine::drive::Feed::objects`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Objects {
+    /// The API server: objects change, are watched and can be asked for again.
+    #[default]
+    Live,
+    /// A file, named `shown` in messages: every get and list is answered at
+    /// once and nothing ever changes, so nothing is waited for or watched.
+    Fixed { shown: String },
+}
+
+impl Objects {
+    /// Waiting can bring something new (a watch, a second get).
+    pub fn can_change(&self) -> bool {
+        matches!(self, Objects::Live)
+    }
+}
