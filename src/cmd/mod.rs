@@ -45,13 +45,18 @@ pub enum Failure {
     /// Anything else: exit 1, and for `init` the message goes to the termination log.
     #[error("{0}")]
     Failed(String),
+    /// A run's failure, kept typed: its exit code follows from its type
+    /// ([`RunError::is_usage`]); `timeout` words a run that timed out.
+    #[error("{}", run_message(error, *timeout))]
+    Run { error: Box<RunError>, timeout: Duration },
 }
 
 impl Failure {
     pub fn exit_code(&self) -> i32 {
         match self {
             Failure::Usage(_) => 2,
-            Failure::Failed(_) => 1,
+            Failure::Run { error, .. } if error.is_usage() => 2,
+            Failure::Failed(_) | Failure::Run { .. } => 1,
         }
     }
 }
@@ -229,22 +234,27 @@ fn log_tree_warnings(res: &Resolution, built: &BuiltTree) {
 
 /// A run's failure in the flags' terms: the deadline as `--timeout` said it,
 /// an address `--metrics-addr` gave; credentials and addresses are usage errors.
-fn run_failure(e: RunError, timeout: Duration) -> Failure {
-    match e {
-        RunError::Drive(DriveError::Engine(EngineError::Timeout { waiting_for })) => Failure::Failed(format!(
-            "not ready after {}: {}",
-            crate::model::names::duration_text(timeout),
-            waiting_for.join("; ")
-        )),
-        RunError::MetricsAddr { addr, source } => Failure::Usage(format!("--metrics-addr {addr}: {source}")),
-        e @ RunError::Credentials(_) => usage(e),
-        other => Failure::Failed(other.to_string()),
+fn run_failure(error: RunError, timeout: Duration) -> Failure {
+    Failure::Run { error: Box::new(error), timeout }
+}
+
+/// How a run's failure reads: a timeout says what was still missing.
+fn run_message(error: &RunError, timeout: Duration) -> String {
+    match error {
+        RunError::Drive(DriveError::Engine(EngineError::Timeout { waiting_for })) => {
+            format!("not ready after {}: {}", crate::model::names::duration_text(timeout), waiting_for.join("; "))
+        }
+        RunError::MetricsAddr { addr, source } => format!("--metrics-addr {addr}: {source}"),
+        other => other.to_string(),
     }
 }
 
 /// A failure's message also goes to the termination log, for `kubectl describe pod`.
 fn logged(termination_log: &Path, result: Result<(), Failure>) -> Result<(), Failure> {
-    if let Err(Failure::Failed(message)) = &result {
+    if let Err(failure) = &result
+        && failure.exit_code() == 1
+    {
+        let message = failure.to_string();
         let file = std::fs::OpenOptions::new().write(true).truncate(true).open(termination_log);
         if let Err(e) = file.and_then(|mut f| std::io::Write::write_all(&mut f, message.as_bytes())) {
             tracing::debug!(path = %termination_log.display(), "termination log not written: {e}");

@@ -124,6 +124,14 @@ pub enum RunError {
     Drive(#[from] DriveError),
 }
 
+impl RunError {
+    /// What the command was given cannot work (credentials, the metrics
+    /// address): a usage error, not a failure of the run.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, RunError::Credentials(_) | RunError::MetricsAddr { .. })
+    }
+}
+
 /// The inputs of a run: the API server's answers, or a file's.
 /// (One per run, made once: the sizes of the two variants do not matter.)
 #[allow(clippy::large_enum_variant)]
