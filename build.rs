@@ -1,8 +1,9 @@
 //! The commit `drafs --version` prints beside Cargo.toml's version:
 //! `DRAFS_REVISION` when the build is given it (image/build.sh, a build
-//! without the repository), else the checkout's `git rev-parse --short HEAD`.
+//! without the repository), else `git rev-parse --short HEAD` of the
+//! repository this package is the root of (none: the version alone).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
@@ -14,20 +15,31 @@ fn main() {
     println!("cargo:rustc-env=DRAFS_REVISION={revision}");
 }
 
-/// The short commit of HEAD; the build runs again when HEAD moves.
+/// The short commit of HEAD, if this package is the root of its git
+/// checkout (not vendored into another repository, nor unpacked under one);
+/// the build runs again when HEAD or a branch moves.
 fn from_git() -> Option<String> {
     let git = |args: &[&str]| {
         let out = Command::new("git").args(args).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
-    let git_dir = git(&["rev-parse", "--git-dir"])?;
-    let mut watched = vec![Path::new(&git_dir).join("HEAD"), Path::new(&git_dir).join("packed-refs")];
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        watched.push(Path::new(&git_dir).join(branch));
+    let package = std::fs::canonicalize(std::env::var_os("CARGO_MANIFEST_DIR")?).ok()?;
+    let top = std::fs::canonicalize(git(&["rev-parse", "--show-toplevel"])?).ok()?;
+    if top != package {
+        return None;
     }
-    // Only paths that exist: a missing one would make cargo run this on every build.
-    for path in watched.iter().filter(|p| p.exists()) {
-        println!("cargo:rerun-if-changed={}", path.display());
+    // HEAD and its log are the worktree's own; branches and packed refs are
+    // the repository's (shared by linked worktrees). A directory is watched
+    // whole; only paths that exist (a missing one reruns every build).
+    let path = |p: &str| git(&["rev-parse", "--git-path", p]).map(|p| package.join(p));
+    let common = git(&["rev-parse", "--git-common-dir"]).map(|d| package.join(d));
+    let watched: Vec<PathBuf> = [path("HEAD"), path("logs/HEAD")]
+        .into_iter()
+        .flatten()
+        .chain(common.iter().flat_map(|c| [c.join("refs/heads"), c.join("packed-refs")]))
+        .collect();
+    for p in watched.iter().filter(|p| Path::exists(p)) {
+        println!("cargo:rerun-if-changed={}", p.display());
     }
     git(&["rev-parse", "--short", "HEAD"])
 }

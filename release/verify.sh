@@ -6,8 +6,8 @@
 # crates linked in) and the release notes. .ci/run runs it on the release
 # release/release.sh builds from the clean checkout.
 set -euo pipefail
+dir=$(realpath "$1")
 cd "$(dirname "$0")/.."
-dir=$1
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

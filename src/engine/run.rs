@@ -2,7 +2,7 @@
 //! view, Events), the source of the inputs (the API server or a file) and
 //! the reconciler, wired once for every command that resolves (`init`,
 //! `serve`, `get`, `exec`). The commands only turn flags into a [`Source`]
-//! and a [`OutputSettings`], and a [`RunError`] into an exit code.
+//! and an [`OutputSettings`], and a [`RunError`] into an exit code.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

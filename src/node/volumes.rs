@@ -4,7 +4,7 @@
 //!
 //! A publish answers once the tree is written (the kubelet starts no container
 //! before), or after [`PUBLISH_WAIT`] with what is still missing (the kubelet
-//! shows it in the pod's events and calls again). OutputSettings is idempotent: a
+//! shows it in the pod's events and calls again). Publishing is idempotent: a
 //! second call for a volume finds its run; a refreshed token is swapped into
 //! the run in place; a run that failed is started again on the same tree; a
 //! tmpfs of drafs's already at the target (the agent restarted) is taken over
