@@ -721,17 +721,9 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/drafs");
 /// `helm ARGS` against the node's API server, as its admin (helm's caches in
 /// the node's directory).
 fn helm_on(node: &Node, args: &[&str]) -> String {
-    let home = node.work().join("helm");
-    let out = node
-        .in_node(support::helm::binary())
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(node.admin_kubeconfig())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .unwrap();
+    let mut helm = node.in_node(support::helm::binary());
+    helm.args(args);
+    let out = support::helm::against(helm, node.work(), &node.admin_kubeconfig()).output().unwrap();
     assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
     stdout(&out)
 }

@@ -374,13 +374,14 @@ impl<M: Mounts> Volumes<M> {
         let slot = self.table().slots.get(volume_id).cloned();
         // The pod as the agent knows it, else (an agent restarted since the
         // publish) the uid in the target's path.
-        let pod = match (&slot, target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t))) {
+        let uid = target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t));
+        let pod = match (&slot, uid) {
             (Some(slot), _) => slot.pod.clone(),
             (None, Some(uid)) => format!("uid {uid}"),
             (None, None) => String::new(),
         };
         let span = info_span!("volume", %pod, volume = %volume_id);
-        let outcome = self.unpublish_slot(volume_id, slot, target).instrument(span.clone()).await;
+        let outcome = self.unpublish_slot(volume_id, slot, target, uid.is_some()).instrument(span.clone()).await;
         if let Err(status) = &outcome {
             span.in_scope(
                 || warn!(target = %target.display(), code = ?status.code, "unpublish refused: {}", status.message),
@@ -389,8 +390,15 @@ impl<M: Mounts> Volumes<M> {
         outcome
     }
 
-    async fn unpublish_slot(&self, volume_id: &str, slot: Option<Arc<Slot>>, target: &Path) -> Result<(), Status> {
-        if target.to_str().and_then(|t| volume_dir_pod(&self.kubelet_dir, t)).is_none() {
+    /// `in_pods`: the target is a pod volume directory of the kubelet.
+    async fn unpublish_slot(
+        &self,
+        volume_id: &str,
+        slot: Option<Arc<Slot>>,
+        target: &Path,
+        in_pods: bool,
+    ) -> Result<(), Status> {
+        if !in_pods {
             return Err(Status::new(
                 Code::InvalidArgument,
                 format!(
