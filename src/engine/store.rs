@@ -1,11 +1,15 @@
-//! What the lists and watches have seen so far, as a plain value.
+//! Every scope of a run, each in one place: what the reconciler asks of it
+//! and what its lists and watches have brought, as a plain value.
 //!
 //! Every list/watch (one per ResourceClaim, one for the node's slices, one per
-//! driver for slices bound to no single node) is a [`Scope`]. A list replaces a
-//! scope's objects whole (so a relist after 410 Gone keeps serving the old ones
-//! until it is done), a watch event changes one object, and the store says
-//! which scopes have been listed and from which resource version a watch
-//! resumes. It never does I/O, so it is fed directly in tests.
+//! driver for slices bound to no single node, the pod's own) is a [`Scope`],
+//! and its [`ScopeState`] holds both halves: its [`Requests`] (the lists and
+//! watches asked for, their retries, the last error) and, once the scope is
+//! registered for the resolver, its objects. A list replaces a scope's
+//! objects whole (so a relist after 410 Gone keeps serving the old ones until
+//! it is done), a watch event changes one object, and the store says which
+//! scopes have been listed and from which resource version a watch resumes.
+//! It never does I/O, so it is fed directly in tests.
 //!
 //! A driver republishes a pool slice by slice, each at the new
 //! `spec.pool.generation`; until the new generation has all its
@@ -21,8 +25,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
+use crate::model::backoff::RetryBackoff;
 use crate::model::objects::Snapshot;
 use crate::model::pools::PoolGenerations;
+use crate::model::slices::DeviceFilter;
 
 /// One list/watch: what it selects and which RBAC verb/resource it uses.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -111,8 +117,40 @@ impl Item {
     }
 }
 
+/// One scope, whole.
 #[derive(Debug, Default, Clone)]
-struct ScopeState {
+pub struct ScopeState {
+    /// What is asked of it.
+    pub requests: Requests,
+    /// Its objects, once it is registered for the resolver ([`Store::add_scope`]):
+    /// the pod's own scope has none until `serve` follows it, nor after its
+    /// watch is refused.
+    held: Option<ScopeObjects>,
+}
+
+/// What the reconciler asks of one scope. The pod has one too (its list is a GET).
+#[derive(Debug, Default, Clone)]
+pub struct Requests {
+    /// A list (the pod: a get) is asked for and not answered yet.
+    pub listing: bool,
+    /// A watch is open or asked for.
+    pub watching: bool,
+    /// The next watch waits this long (the last one failed or was cut short).
+    pub watch_after: Option<std::time::Duration>,
+    /// Quick retries until the first answer (start-up is waiting for it).
+    pub startup: RetryBackoff,
+    /// The last error, for the timeout message; an answer clears it.
+    pub error: Option<String>,
+    /// Slices: the device filter their last list was decoded with.
+    pub decoded_with: Option<DeviceFilter>,
+    /// Its watch was refused (401/403: the pod's, by RBAC from before
+    /// `serve` needed it): it is not asked for again.
+    pub refused: bool,
+}
+
+/// What a scope's lists and watches have brought.
+#[derive(Debug, Default, Clone)]
+struct ScopeObjects {
     listed: bool,
     resource_version: Option<String>,
     objects: BTreeMap<String, Item>,
@@ -154,7 +192,7 @@ fn complete_generation(objects: &BTreeMap<String, Item>, pool: &PoolKey) -> Opti
     generations.newest_complete()
 }
 
-impl ScopeState {
+impl ScopeObjects {
     /// The pools of these items, each with its complete generation now (call before a change).
     fn pools_before<'a>(&self, items: impl IntoIterator<Item = &'a Item>) -> BTreeMap<PoolKey, Option<i64>> {
         items
@@ -197,7 +235,7 @@ impl ScopeState {
     }
 }
 
-/// The pod and everything the lists and watches have seen.
+/// The pod and every scope.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
     pub pod: Option<Pod>,
@@ -205,39 +243,73 @@ pub struct Store {
 }
 
 impl Store {
-    /// Register a scope; its objects count once its first list is done.
+    /// Register a scope for the resolver; its objects count once its first list is done.
     pub fn add_scope(&mut self, scope: Scope) {
-        self.scopes.entry(scope).or_default();
+        self.scopes.entry(scope).or_default().held.get_or_insert_default();
     }
 
+    /// No longer resolve with a scope's objects; what was asked of it stays known.
     pub fn remove_scope(&mut self, scope: &Scope) {
-        self.scopes.remove(scope);
+        if let Some(state) = self.scopes.get_mut(scope) {
+            state.held = None;
+        }
     }
 
     pub fn has_scope(&self, scope: &Scope) -> bool {
-        self.scopes.contains_key(scope)
+        self.held(scope).is_some()
     }
 
+    /// The scopes registered for the resolver.
     pub fn scopes(&self) -> impl Iterator<Item = &Scope> {
-        self.scopes.keys()
+        self.scopes.iter().filter(|(_, s)| s.held.is_some()).map(|(scope, _)| scope)
+    }
+
+    /// What is asked of a scope (made empty the first time).
+    pub fn requests(&mut self, scope: &Scope) -> &mut Requests {
+        if !self.scopes.contains_key(scope) {
+            self.scopes.insert(scope.clone(), ScopeState::default());
+        }
+        &mut self.scopes.get_mut(scope).expect("inserted above").requests
+    }
+
+    pub fn requests_of(&self, scope: &Scope) -> Option<&Requests> {
+        self.scopes.get(scope).map(|s| &s.requests)
+    }
+
+    /// Every scope ever asked about, with what is asked of it.
+    pub fn all_requests(&self) -> impl Iterator<Item = (&Scope, &Requests)> {
+        self.scopes.iter().map(|(scope, s)| (scope, &s.requests))
+    }
+
+    fn held(&self, scope: &Scope) -> Option<&ScopeObjects> {
+        self.scopes.get(scope).and_then(|s| s.held.as_ref())
+    }
+
+    /// A scope's objects, registering it if it was not.
+    fn held_mut(&mut self, scope: &Scope) -> &mut ScopeObjects {
+        self.scopes.entry(scope.clone()).or_default().held.get_or_insert_default()
+    }
+
+    fn all_held(&self) -> impl Iterator<Item = &ScopeObjects> {
+        self.scopes.values().filter_map(|s| s.held.as_ref())
     }
 
     pub fn is_listed(&self, scope: &Scope) -> bool {
-        self.scopes.get(scope).is_some_and(|s| s.listed)
+        self.held(scope).is_some_and(|s| s.listed)
     }
 
-    /// Scopes whose first list has not completed.
+    /// Registered scopes whose first list has not completed.
     pub fn unlisted(&self) -> Vec<Scope> {
-        self.scopes.iter().filter(|(_, s)| !s.listed).map(|(k, _)| k.clone()).collect()
+        self.scopes.iter().filter(|(_, s)| s.held.as_ref().is_some_and(|o| !o.listed)).map(|(k, _)| k.clone()).collect()
     }
 
     pub fn resource_version(&self, scope: &Scope) -> Option<&str> {
-        self.scopes.get(scope).and_then(|s| s.resource_version.as_deref())
+        self.held(scope).and_then(|s| s.resource_version.as_deref())
     }
 
     /// A completed list: the scope's objects are exactly these.
     pub fn replace(&mut self, scope: &Scope, items: Vec<Item>, resource_version: String) {
-        let state = self.scopes.entry(scope.clone()).or_default();
+        let state = self.held_mut(scope);
         let objects: BTreeMap<String, Item> = items.into_iter().map(|i| (i.name().to_string(), i)).collect();
         let before = state.pools_before(state.objects.values().chain(objects.values()));
         let old = std::mem::replace(&mut state.objects, objects).into_values().collect();
@@ -247,7 +319,7 @@ impl Store {
     }
 
     pub fn apply(&mut self, scope: &Scope, item: Item) {
-        let state = self.scopes.entry(scope.clone()).or_default();
+        let state = self.held_mut(scope);
         if let Some(rv) = item.resource_version() {
             state.resource_version = Some(rv.to_string());
         }
@@ -257,7 +329,7 @@ impl Store {
     }
 
     pub fn delete(&mut self, scope: &Scope, name: &str, resource_version: Option<String>) {
-        let state = self.scopes.entry(scope.clone()).or_default();
+        let state = self.held_mut(scope);
         let before = state.pools_before(state.objects.get(name));
         let old = state.objects.remove(name);
         state.keep_complete_generations(before, old.into_iter().collect());
@@ -267,11 +339,11 @@ impl Store {
     }
 
     pub fn bookmark(&mut self, scope: &Scope, resource_version: String) {
-        self.scopes.entry(scope.clone()).or_default().resource_version = Some(resource_version);
+        self.held_mut(scope).resource_version = Some(resource_version);
     }
 
     pub fn claims(&self) -> impl Iterator<Item = &ResourceClaim> {
-        self.scopes.values().flat_map(|s| s.objects.values()).filter_map(|i| match i {
+        self.all_held().flat_map(|s| s.objects.values()).filter_map(|i| match i {
             Item::Claim(c) => Some(c.as_ref()),
             Item::Slice(_) | Item::Pod(_) => None,
         })
@@ -283,7 +355,7 @@ impl Store {
     /// `<name> (generation <n>)` (a space is never in an object's name).
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = Snapshot { pod: self.pod.clone(), ..Default::default() };
-        for item in self.scopes.values().flat_map(|s| s.objects.values()) {
+        for item in self.all_held().flat_map(|s| s.objects.values()) {
             match item {
                 Item::Claim(c) => {
                     snapshot.claims.insert(item.name().to_string(), c.as_ref().clone());
@@ -294,7 +366,7 @@ impl Store {
                 Item::Pod(_) => {}
             }
         }
-        for kept in self.scopes.values().flat_map(|s| s.kept.values()) {
+        for kept in self.all_held().flat_map(|s| s.kept.values()) {
             for (name, item) in &kept.slices {
                 if let Item::Slice(s) = item {
                     snapshot.slices.insert(format!("{name} (generation {})", kept.generation), s.as_ref().clone());
@@ -334,6 +406,28 @@ mod tests {
         assert_eq!(store.resource_version(&node), Some("9"));
         store.replace(&node, vec![slice("d", "10")], "11".into());
         assert_eq!(store.snapshot().slices.keys().collect::<Vec<_>>(), vec!["d"]);
+    }
+
+    /// A scope's requests and objects share its one entry: asking about a
+    /// scope does not register it for the resolver, and unregistering it
+    /// drops its objects but not what was asked of it.
+    #[test]
+    fn a_scope_is_one_entry_of_requests_and_objects() {
+        let mut store = Store::default();
+        let pod = Scope::Pod("p".into());
+        store.requests(&pod).listing = true;
+        assert!(!store.has_scope(&pod));
+        assert_eq!(store.scopes().count(), 0);
+        assert!(store.unlisted().is_empty());
+        store.add_scope(pod.clone());
+        store.replace(&pod, vec![], "3".into());
+        assert!(store.is_listed(&pod));
+        assert!(store.requests_of(&pod).is_some_and(|r| r.listing), "the requests stay beside the objects");
+        store.requests(&pod).refused = true;
+        store.remove_scope(&pod);
+        assert!(!store.has_scope(&pod) && !store.is_listed(&pod) && store.resource_version(&pod).is_none());
+        assert!(store.requests_of(&pod).is_some_and(|r| r.refused), "what was asked of it is still known");
+        assert_eq!(store.all_requests().count(), 1);
     }
 
     #[test]

@@ -25,18 +25,18 @@ impl Reconciler {
             },
             Input::PodFailed(error) => {
                 let scope = self.pod_scope();
-                self.tracker(&scope).listing = false;
+                self.requests(&scope).listing = false;
                 if self.fatal(&error, step) {
                     return false;
                 }
-                self.tracker(&scope).error = Some(error.to_string());
+                self.requests(&scope).error = Some(error.to_string());
                 step.warnings.extend(self.warn_once(format!("{error}; retrying")));
                 // Start-up waits for the pod: quick retries. Once ready, a refetch
                 // (its watch expired) is trouble like any other scope's.
                 let after = if self.phase.was_ever_ready() {
                     self.trouble.next(now)
                 } else {
-                    self.tracker(&scope).startup.next().unwrap_or_default()
+                    self.requests(&scope).startup.next().unwrap_or_default()
                 };
                 self.ask(scope, after, step);
             }
@@ -54,21 +54,21 @@ impl Reconciler {
                 if let Some(item) = self.admit(&scope, vec![item], step).pop() {
                     self.store.apply(&scope, item);
                 }
-                self.tracker(&scope).error = None;
+                self.requests(&scope).error = None;
             }
             Input::Deleted { scope, name, resource_version } => self.store.delete(&scope, &name, resource_version),
             Input::Bookmark { scope, resource_version } => self.store.bookmark(&scope, resource_version),
             Input::WatchEnded { scope, lasted, changes } => {
                 let cut_short = changes == 0 && lasted < WATCH_CUT_SHORT;
                 let after = cut_short.then(|| self.trouble.next(now));
-                let tracker = self.tracker(&scope);
-                tracker.watching = false;
+                let requests = self.requests(&scope);
+                requests.watching = false;
                 if after.is_some() {
-                    tracker.watch_after = after;
+                    requests.watch_after = after;
                 }
             }
             Input::Expired(scope) => {
-                self.tracker(&scope).watching = false;
+                self.requests(&scope).watching = false;
                 let after = self.trouble.next(now);
                 self.list(scope, after, step);
             }
@@ -119,7 +119,7 @@ impl Reconciler {
         decoded_with: Option<DeviceFilter>,
         step: &mut Step,
     ) -> bool {
-        self.tracker(&scope).listing = false;
+        self.requests(&scope).listing = false;
         if !self.store.has_scope(&scope) {
             return false;
         }
@@ -128,12 +128,12 @@ impl Reconciler {
         let stale = scope.is_slices() && {
             let with = decoded_with.unwrap_or_default();
             let stale = self.filter.as_ref().is_some_and(|f| !f.is_subset(&with));
-            self.tracker(&scope).decoded_with = Some(with);
+            self.requests(&scope).decoded_with = Some(with);
             stale
         };
-        let tracker = self.tracker(&scope);
-        tracker.error = None;
-        tracker.startup = RetryBackoff::default();
+        let requests = self.requests(&scope);
+        requests.error = None;
+        requests.startup = RetryBackoff::default();
         if stale {
             // The filter grew while this list was under way.
             self.list(scope, Duration::ZERO, step);
@@ -144,18 +144,19 @@ impl Reconciler {
     /// A list or watch of a scope failed: fatal, or retried after a delay.
     pub(super) fn on_failed(&mut self, now: Instant, scope: Scope, error: ApiError, step: &mut Step) -> bool {
         let is_pod = matches!(scope, Scope::Pod(_));
-        let tracker = self.tracker(&scope);
-        let was_watch = std::mem::take(&mut tracker.watching);
+        let requests = self.requests(&scope);
+        let was_watch = std::mem::take(&mut requests.watching);
         if !is_pod {
             // The pod's get answers as `Pod` or `PodFailed`: this was its watch.
-            tracker.listing = false;
+            requests.listing = false;
         }
         if is_pod && error.is_fatal() {
             // Only health follows the pod's watch: without the permission (RBAC
             // from before it was needed), serve goes on without it.
             self.store.remove_scope(&scope);
-            self.tracker(&scope).watch_after = None;
-            self.pod_watch_refused = true;
+            let requests = self.requests(&scope);
+            requests.watch_after = None;
+            requests.refused = true;
             step.warnings.extend(self.warn_once(format!(
                 "{error}: device health will not follow the pod's status; \
                  grant `watch` on pods (drafs manifests rbac) and restart drafs"
@@ -166,15 +167,15 @@ impl Reconciler {
             return false;
         }
         step.warnings.extend(self.warn_once(format!("{error}; retrying")));
-        self.tracker(&scope).error = Some(error.to_string());
+        self.requests(&scope).error = Some(error.to_string());
         if !self.store.is_listed(&scope) {
             // The first list: retried quickly, start-up is waiting for it.
-            let after = self.tracker(&scope).startup.next().unwrap_or_default();
+            let after = self.requests(&scope).startup.next().unwrap_or_default();
             self.list(scope, after, step);
         } else if was_watch && error.is_watch() {
             // What the store holds is still good from its version: watch again, later.
             let after = self.trouble.next(now);
-            self.tracker(&scope).watch_after = Some(after);
+            self.requests(&scope).watch_after = Some(after);
         } else {
             let after = self.trouble.next(now);
             self.list(scope, after, step);
@@ -187,9 +188,9 @@ impl Reconciler {
         // The start-up backoff stays: the pod is fetched again only while its
         // status lacks a generated claim, and an answer that still lacks it
         // must not bring the next request closer.
-        let tracker = self.tracker(&scope);
-        tracker.listing = false;
-        tracker.error = None;
+        let requests = self.requests(&scope);
+        requests.listing = false;
+        requests.error = None;
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
         let claims: BTreeSet<String> = claim_names(&pod, &self.selection).into_iter().collect();
         if self.mode == Mode::Follow {
@@ -199,7 +200,7 @@ impl Reconciler {
             if let Some(version) = version {
                 if self.store.has_scope(&scope) {
                     self.store.bookmark(&scope, version);
-                } else if !self.pod_watch_refused {
+                } else if !self.requests(&scope).refused {
                     self.store.add_scope(scope.clone());
                     self.store.replace(&scope, Vec::new(), version);
                 }

@@ -9,10 +9,13 @@
 //! publishes and its [`Transition`] to the outputs. `init`, `serve`, `get`
 //! and `exec` differ only in their [`Mode`].
 //!
-//! Its state is three things: the objects ([`Store`]), one [`Tracker`] per
-//! scope (what is asked for, how its retries wait, its last error; the pod
-//! is a scope whose list is a GET), and where the run stands ([`Phase`],
-//! moved only by the table in [`phase::transition`]).
+//! Its state is two things: the [`Store`], one entry per scope holding both
+//! what is asked of it (lists and watches, how its retries wait, its last
+//! error; the pod is a scope whose list is a GET) and what it brought, and
+//! where the run stands ([`Phase`], moved only by the table in
+//! [`phase::transition`]). Run-wide beside them are only the facts of the
+//! run as a whole: the one device filter the engine decodes every slice
+//! scope with, and the one backoff that paces every scope's retries.
 //!
 //! By concern: the words it speaks (`vocabulary`), what each input does to
 //! the state (`inputs`), what it asks of the API server per scope
@@ -28,7 +31,6 @@ mod tests;
 mod vocabulary;
 mod warned;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::engine::PodRef;
@@ -39,7 +41,6 @@ use crate::model::resolve::Selection;
 use crate::model::slices::DeviceFilter;
 use crate::model::tree::{RequirePath, Tree};
 pub use phase::{Change, Phase};
-use requests::Tracker;
 pub use vocabulary::{Action, Input, Mode, Objects, Step};
 use warned::Warned;
 
@@ -51,16 +52,14 @@ pub struct Reconciler {
     selection: Selection,
     require: Vec<RequirePath>,
     store: Store,
-    /// Every scope asked for, the pod's included.
-    trackers: BTreeMap<Scope, Tracker>,
     phase: Phase,
     /// The run is over (its last step said why).
     done: bool,
-    /// The filter the engine decodes with, once every claim is listed.
+    /// The filter the engine decodes every slice scope with, once every
+    /// claim is listed (what each scope was decoded with is in its entry).
     filter: Option<DeviceFilter>,
-    /// The pod's watch was refused (401/403): serve goes on without it.
-    pod_watch_refused: bool,
-    /// Retries of scopes answered once (see [`WatchBackoff`]): one for the run.
+    /// Retries of scopes answered once (see [`WatchBackoff`]): one for the
+    /// run, so a failing server sees one retry sequence per pod, not one per scope.
     trouble: WatchBackoff,
     warned: Warned,
     published: Option<Tree>,
@@ -94,11 +93,9 @@ impl Reconciler {
             selection,
             require,
             store: Store::default(),
-            trackers: BTreeMap::new(),
             phase: Phase::WaitingForPod,
             done: false,
             filter: None,
-            pod_watch_refused: false,
             trouble: WatchBackoff::new(seed),
             warned: Warned::default(),
             published: None,
@@ -145,7 +142,7 @@ impl Reconciler {
 
     /// The scopes with a watch open or asked for.
     pub fn watching(&self) -> impl Iterator<Item = &Scope> {
-        self.trackers.iter().filter(|(_, t)| t.watching).map(|(scope, _)| scope)
+        self.store.all_requests().filter(|(_, r)| r.watching).map(|(scope, _)| scope)
     }
 
     /// The first step, at `now`: fetch the pod.

@@ -1,5 +1,5 @@
-//! What the reconciler asks of the API server, per scope: one [`Tracker`]
-//! each (the pod's too: its list is a GET), the lists, gets and watches
+//! What the reconciler asks of the API server, per scope: the [`Requests`]
+//! of each in its store entry (the pod's too: its list is a GET), the lists, gets and watches
 //! asked for, the device filter slices are decoded with, and what is still
 //! awaited when the deadline comes.
 
@@ -7,39 +7,21 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{Action, Reconciler, Step};
-use crate::engine::store::Scope;
-use crate::model::backoff::RetryBackoff;
+use crate::engine::store::{Requests, Scope};
 use crate::model::resolve::{Missing, Resolution};
 use crate::model::slices::DeviceFilter;
 use crate::model::tree::BuiltTree;
 
-/// One scope's requests. The pod has one too (its list is a GET).
-#[derive(Debug, Default)]
-pub(super) struct Tracker {
-    /// A list (the pod: a get) is asked for and not answered yet.
-    pub(super) listing: bool,
-    /// A watch is open or asked for.
-    pub(super) watching: bool,
-    /// The next watch waits this long (the last one failed or was cut short).
-    pub(super) watch_after: Option<Duration>,
-    /// Quick retries until the first answer (start-up is waiting for it).
-    pub(super) startup: RetryBackoff,
-    /// The last error, for the timeout message; an answer clears it.
-    pub(super) error: Option<String>,
-    /// Slices: the device filter their last list was decoded with.
-    pub(super) decoded_with: Option<DeviceFilter>,
-}
-
-/// short (drafs asks for at least [`crate::engine::api::WATCH_SECONDS_MIN`]: a proxy or a
+/// A watch that ends with no change sooner than this was cut short (drafs
+/// asks for at least [`crate::engine::api::WATCH_SECONDS_MIN`]: a proxy or a
 /// restarting server closed it): resumed only after a delay.
 pub(super) const WATCH_CUT_SHORT: Duration = Duration::from_secs(30);
 
 impl Reconciler {
-    pub(super) fn tracker(&mut self, scope: &Scope) -> &mut Tracker {
-        if !self.trackers.contains_key(scope) {
-            self.trackers.insert(scope.clone(), Tracker::default());
-        }
-        self.trackers.get_mut(scope).expect("inserted above")
+    /// What is asked of a scope (the other half of its state, its objects,
+    /// is in the same entry of the store).
+    pub(super) fn requests(&mut self, scope: &Scope) -> &mut Requests {
+        self.store.requests(scope)
     }
 
     pub(super) fn add_and_list(&mut self, scope: Scope, step: &mut Step) {
@@ -53,16 +35,16 @@ impl Reconciler {
     /// List a scope again from scratch (the pod: get it; its watch resumes
     /// from the answer): a watch of it ends.
     pub(super) fn list(&mut self, scope: Scope, after: Duration, step: &mut Step) {
-        let tracker = self.tracker(&scope);
-        tracker.watching = false;
-        tracker.watch_after = None;
+        let requests = self.requests(&scope);
+        requests.watching = false;
+        requests.watch_after = None;
         self.ask(scope, after, step);
     }
 
     /// Ask for a scope's list (the pod: a get) after `after`, unless one is
     /// under way; a watch of it goes on (the answer only renews its version).
     pub(super) fn ask(&mut self, scope: Scope, after: Duration, step: &mut Step) {
-        if std::mem::replace(&mut self.tracker(&scope).listing, true) {
+        if std::mem::replace(&mut self.requests(&scope).listing, true) {
             return;
         }
         step.actions.push(match scope {
@@ -77,12 +59,12 @@ impl Reconciler {
             return;
         }
         let Some(rv) = self.store.resource_version(scope).map(String::from) else { return };
-        let tracker = self.tracker(scope);
-        if tracker.watching || tracker.listing {
+        let requests = self.requests(scope);
+        if requests.watching || requests.listing {
             return;
         }
-        tracker.watching = true;
-        let after = tracker.watch_after.take().unwrap_or_default();
+        requests.watching = true;
+        let after = requests.watch_after.take().unwrap_or_default();
         step.actions.push(Action::Watch { scope: scope.clone(), resource_version: rv, after });
     }
 
@@ -139,8 +121,8 @@ impl Reconciler {
 
     /// Slice scopes whose last list was decoded without a device in `filter`.
     pub(super) fn decoded_without(&self, filter: &DeviceFilter) -> Vec<Scope> {
-        self.trackers
-            .iter()
+        self.store
+            .all_requests()
             .filter(|(scope, t)| {
                 t.decoded_with.as_ref().is_some_and(|with| !filter.is_subset(with)) && self.store.is_listed(scope)
             })
@@ -170,9 +152,9 @@ impl Reconciler {
     /// What the run is still waiting for, with the last error of each, for the timeout message.
     pub fn waiting_for(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let error = |scope: &Scope| match self.trackers.get(scope) {
-            Some(Tracker { error: Some(e), .. }) => format!(": {e}"),
-            Some(Tracker { listing: true, .. }) => ": no answer from the API server yet".into(),
+        let error = |scope: &Scope| match self.store.requests_of(scope) {
+            Some(Requests { error: Some(e), .. }) => format!(": {e}"),
+            Some(Requests { listing: true, .. }) => ": no answer from the API server yet".into(),
             _ => String::new(),
         };
         if self.store.pod.is_none() {

@@ -34,8 +34,8 @@ impl Reconciler {
         let ready = built.is_ready();
         if !ready && needs_pod_refresh(&res) && self.mode != Mode::Once && self.objects.can_change() {
             let scope = self.pod_scope();
-            if !self.tracker(&scope).listing {
-                let after = self.tracker(&scope).startup.next().unwrap_or_default();
+            if !self.requests(&scope).listing {
+                let after = self.requests(&scope).startup.next().unwrap_or_default();
                 self.ask(scope, after, step);
             }
         }
