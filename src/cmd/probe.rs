@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::cmd::Failure;
 use crate::cmd::get::printable_bounded;
 use crate::model::layout;
-use crate::model::tree::RecordView;
+use crate::model::record::Record;
 use crate::publish::fuse::is_stale_mount;
 
 /// What `probe` checks.
@@ -28,7 +28,7 @@ pub fn run(config: &Config) -> Result<(), Failure> {
     // The record is read only when needed (a ready probe without --healthy is
     // one stat), and once: it is one consistent tree, whatever changes meanwhile.
     let record =
-        || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<RecordView>(&b).ok());
+        || std::fs::read(dir.join(layout::RECORD)).ok().and_then(|b| serde_json::from_slice::<Record>(&b).ok());
     // Everything said comes from the cluster (a driver's message, a claim's
     // name): escaped, and bounded, for a terminal and the kubelet's events.
     if !ready {
@@ -50,7 +50,7 @@ const MAX_LINE: usize = 1024;
 /// The most characters of one driver's health message.
 const MAX_MESSAGE: usize = 256;
 
-fn not_ready_reason(dir: &Path, record: Option<&RecordView>) -> String {
+fn not_ready_reason(dir: &Path, record: Option<&Record>) -> String {
     match record {
         Some(r) if !r.missing.is_empty() => r.missing.join("; "),
         Some(_) => "resolution incomplete".into(),
@@ -60,7 +60,7 @@ fn not_ready_reason(dir: &Path, record: Option<&RecordView>) -> String {
 }
 
 /// `claim/directory/index (device): message` of every device reported Unhealthy in a `.json` record.
-fn unhealthy_devices(record: &RecordView) -> Vec<String> {
+fn unhealthy_devices(record: &Record) -> Vec<String> {
     let mut out = Vec::new();
     for claim in &record.claims {
         for device in claim.devices.iter().filter(|d| d.is_unhealthy()) {
@@ -87,7 +87,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn record(v: serde_json::Value) -> RecordView {
+    fn record(v: serde_json::Value) -> Record {
         serde_json::from_value(v).unwrap()
     }
 
@@ -100,7 +100,7 @@ mod tests {
             {"request": "gpu", "index": 2, "driver": "d", "pool": "p", "device": "g2", "health": {"state": "Unknown"}},
             {"request": "gpu", "index": 3, "driver": "d", "pool": "p", "device": "g3"}]}]}));
         assert_eq!(unhealthy_devices(&record), ["gpus/gpu/1 (d/p/g1) is Unhealthy: XID 79"]);
-        assert!(serde_json::from_value::<RecordView>(json!({"claims": "not a list"})).is_err());
+        assert!(serde_json::from_value::<Record>(json!({"claims": "not a list"})).is_err());
     }
 
     #[test]

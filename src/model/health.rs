@@ -12,12 +12,12 @@
 //! to a broken device). Pure: the pod in, each device's health out.
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::resolve::ResolvedClaim;
 
 /// The health of one device, as the kubelet reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
     pub state: HealthState,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -30,6 +30,14 @@ pub enum HealthState {
     Healthy,
     Unknown,
     Unhealthy,
+}
+
+/// Read back from a record by the kubelet's rule: a state this drafs does
+/// not know is `Unknown`.
+impl<'de> Deserialize<'de> for HealthState {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(|state| HealthState::parse(Some(&state)))
+    }
 }
 
 impl HealthState {

@@ -21,6 +21,7 @@ pub mod names;
 pub mod objects;
 pub mod pools;
 pub mod publication;
+pub mod record;
 pub mod resolve;
 pub mod retained;
 pub mod slices;

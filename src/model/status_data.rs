@@ -17,7 +17,7 @@
 //! those bytes, and a number's file its digits as the driver wrote them.
 
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -63,6 +63,13 @@ impl Serialize for RawData {
     /// The text itself, byte for byte (in `.json` too).
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawData {
+    /// Any JSON value, kept as its text (from text only: a `Value` has none).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(|raw| RawData::new(&raw))
     }
 }
 

@@ -7,12 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-use crate::model::health::Health;
-use crate::model::names::QualifiedName;
-use crate::model::resolve::{ClaimOrigin, DeviceStatus, PodIdentity, Resolution, ResolvedClaim, ResolvedDevice, Taint};
+use crate::model::record::{self, DeviceRecord};
+use crate::model::resolve::{Resolution, ResolvedDevice};
 use crate::model::{json_text, layout};
 
 /// Errors in tree paths: a path that is not a clean relative path, or that would
@@ -231,162 +227,9 @@ pub fn device_entries(device: &ResolvedDevice) -> Vec<(String, EntryKind, String
             out.push((layout::HEALTH_MESSAGE.into(), Health, message.clone()));
         }
     }
-    out.push((layout::RECORD.into(), Record, serde_json::to_string(&device_record(device)).unwrap_or_default()));
+    let record = serde_json::to_string(&DeviceRecord::of(device)).unwrap_or_default();
+    out.push((layout::RECORD.into(), Record, record));
     out
-}
-
-/// The JSON record of one device: identity, typed attributes, capacity,
-/// status. A struct, not a `Value`, so that the driver's data goes in as the
-/// text it is (`status_data::RawData`).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct DeviceRecord<'a> {
-    request: &'a str,
-    index: usize,
-    driver: &'a str,
-    pool: &'a str,
-    device: &'a str,
-    attributes: serde_json::Map<String, Value>,
-    capacity: serde_json::Map<String, Value>,
-    #[serde(rename = "shareID", skip_serializing_if = "Option::is_none")]
-    share_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    admin_access: bool,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    taints: &'a [Taint],
-    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
-    consumed_capacity: serde_json::Map<String, Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a DeviceStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    health: Option<&'a Health>,
-    /// An extended resource's device (in the whole `.json`): the container, its directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    container: Option<&'a str>,
-}
-
-fn device_record(device: &ResolvedDevice) -> DeviceRecord<'_> {
-    let attributes = device
-        .attributes
-        .iter()
-        .map(|(k, a)| (k.to_string(), serde_json::to_value(&a.value).unwrap_or(Value::Null)))
-        .collect();
-    let quantities = |q: &BTreeMap<QualifiedName, String>| -> serde_json::Map<String, Value> {
-        q.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect()
-    };
-    DeviceRecord {
-        request: &device.full_request,
-        index: device.index,
-        driver: &device.driver,
-        pool: &device.pool,
-        device: &device.device,
-        attributes,
-        capacity: quantities(&device.capacity),
-        share_id: device.share_id.as_deref(),
-        admin_access: device.admin_access,
-        taints: &device.taints,
-        consumed_capacity: quantities(&device.consumed),
-        status: device.status.as_ref(),
-        health: device.health.as_ref(),
-        container: None,
-    }
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ClaimRecord<'a> {
-    name: &'a str,
-    resource_claim_name: &'a str,
-    from_template: bool,
-    devices: Vec<DeviceRecord<'a>>,
-    /// `name` is the resource; each device's directory is its container.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    extended_resource: bool,
-}
-
-fn claim_record(claim: &ResolvedClaim) -> ClaimRecord<'_> {
-    let extended_resource = claim.origin == ClaimOrigin::ExtendedResource;
-    ClaimRecord {
-        name: &claim.pod_claim,
-        resource_claim_name: &claim.claim_name,
-        from_template: claim.from_template(),
-        devices: claim
-            .devices
-            .iter()
-            .map(|device| DeviceRecord {
-                container: extended_resource.then_some(device.request.as_str()),
-                ..device_record(device)
-            })
-            .collect(),
-        extended_resource,
-    }
-}
-
-/// The whole resolution, the tree's top-level `.json`.
-#[derive(Serialize)]
-struct Record<'a> {
-    pod: &'a PodIdentity,
-    ready: bool,
-    missing: &'a [String],
-    claims: Vec<ClaimRecord<'a>>,
-}
-
-/// The top-level `.json` as its readers (`drafs probe`) take it back: the
-/// fields of [`Record`] they use, under the same names. Beside the writer's
-/// types so that the two change together; a test writes one and reads the
-/// other.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct RecordView {
-    pub ready: bool,
-    pub missing: Vec<String>,
-    pub claims: Vec<ClaimView>,
-}
-
-/// A claim of [`RecordView`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct ClaimView {
-    pub name: String,
-    pub devices: Vec<DeviceView>,
-}
-
-/// A device of [`ClaimView`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct DeviceView {
-    /// As allocated (`gpu/large` for a subrequest).
-    pub request: String,
-    pub index: usize,
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
-    /// An extended resource's device: its container (its directory).
-    pub container: Option<String>,
-    pub health: Option<HealthView>,
-}
-
-/// The kubelet's health of a device, as the record holds it.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct HealthView {
-    pub state: String,
-    pub message: Option<String>,
-}
-
-impl DeviceView {
-    /// The device's directory under its claim: an extended resource's
-    /// container, else the request before any `/`.
-    pub fn directory(&self) -> &str {
-        match &self.container {
-            Some(container) => container,
-            None => self.request.split('/').next().unwrap_or_default(),
-        }
-    }
-
-    pub fn is_unhealthy(&self) -> bool {
-        self.health.as_ref().is_some_and(|h| h.state == "Unhealthy")
-    }
 }
 
 /// A tree built from a resolution, with its readiness.
@@ -426,12 +269,7 @@ pub fn build(res: &Resolution, requires: &[RequirePath]) -> BuiltTree {
             built.missing.push(format!("required path {require} does not exist"));
         }
     }
-    let whole = Record {
-        pod: &res.pod,
-        ready: built.missing.is_empty(),
-        missing: &built.missing,
-        claims: res.claims.iter().map(claim_record).collect(),
-    };
+    let whole = record::Record::of(res, &built.missing);
     // Indented from the compact text, so that the drivers' data keeps its bytes there too.
     let whole = serde_json::to_string(&whole).map(|text| json_text::pretty(&text)).unwrap_or_default();
     // Reserved top-level names never clash: claim names are DNS labels.
@@ -447,7 +285,7 @@ mod tests {
     use super::*;
     use crate::model::objects::FileObjects;
     use crate::model::resolve::{Selection, resolve};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn insert_refuses_escapes_and_conflicts() {
@@ -565,19 +403,13 @@ spec:
         assert!(record.get("consumedCapacity").is_none(), "{record}");
         let whole: Value = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
         assert_eq!(whole["claims"][0]["devices"][0]["consumedCapacity"]["gpu.example.com/memory"], "20Gi");
-        // What the writer wrote, the readers' view reads back (one contract).
-        let view: RecordView = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
-        assert!(view.ready && view.missing.is_empty());
-        assert_eq!(view.claims.len(), 1);
-        assert_eq!(view.claims[0].name, whole["claims"][0]["name"]);
-        for (i, device) in view.claims[0].devices.iter().enumerate() {
-            let written = &whole["claims"][0]["devices"][i];
-            assert_eq!(device.request, written["request"]);
-            assert_eq!(device.directory(), "gpu");
-            assert_eq!(serde_json::json!(device.index), written["index"]);
-            assert_eq!((&*device.driver, &*device.pool), ("gpu.example.com", "n"));
-            assert_eq!(device.device, written["device"]);
-        }
+        // One family of types writes and reads the record: what is written reads back whole.
+        let res = resolved(&text);
+        let read: record::Record = serde_json::from_slice(t.get(".json").unwrap()).unwrap();
+        assert_eq!(read, record::Record::of(&res, &[]));
+        assert_eq!(read.claims[0].devices[1].directory(), "gpu");
+        let device: DeviceRecord = serde_json::from_slice(t.get("gpu/gpu/0/.json").unwrap()).unwrap();
+        assert_eq!(device, DeviceRecord::of(&res.claims[0].devices[0]));
     }
 
     /// [`GPU`] with the driver's `status.devices[].data` set to `data` (JSON text).
@@ -696,6 +528,10 @@ spec:
         let whole = std::str::from_utf8(built.tree.get(".json").unwrap()).unwrap();
         let tokens = json_text::compact(whole).unwrap();
         assert!(tokens.contains(&format!(r#""status":{{"data":{EXACT}}}"#)), "{whole}");
+        // Read back, the indented whole gives the driver's bytes again.
+        let read: record::Record = serde_json::from_str(whole).unwrap();
+        let data = read.claims[0].devices[0].status.as_ref().and_then(|s| s.data.as_ref()).map(|d| d.get());
+        assert_eq!(data, Some(EXACT));
         // An indented file (kubectl's -o json): the same bytes, compact.
         let indented = EXACT.replace(",\"", ",\n      \"").replace('{', "{\n      ").replace(':', ": ");
         assert_ne!(indented, EXACT);

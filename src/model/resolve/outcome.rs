@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::DeviceAttribute;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::subject;
 use crate::model::health::Health;
@@ -84,8 +84,8 @@ pub struct Attribute {
 }
 
 /// Network data and driver data from the claim's `status.devices`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct DeviceStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interface_name: Option<String>,
@@ -131,7 +131,7 @@ pub struct ResolvedDevice {
 }
 
 /// A device taint as its ResourceSlice publishes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Taint {
     pub key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,7 +268,8 @@ impl std::fmt::Display for Missing {
 }
 
 /// The pod's identity as the outputs need it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PodIdentity {
     pub name: String,
     pub namespace: String,
