@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use drafs::engine::drive::{DriveError, drive};
 use drafs::engine::reconcile::{Input, Mode, Reconciler, Step};
-use drafs::engine::source::Engine;
+use drafs::engine::source::ApiFeed;
 use drafs::model::resolve::{Resolution, Selection};
 use drafs::publish::events::Events;
 use drafs::publish::files::AtomicDir;
@@ -33,7 +33,7 @@ async fn client(env: &Env) -> kube::Client {
 /// Carry out each step's actions and feed the engine's inputs back until done;
 /// every step is kept for the test to look at.
 async fn run(
-    engine: &mut Engine,
+    engine: &mut ApiFeed,
     reconciler: &mut Reconciler,
     steps: &mut Vec<Step>,
 ) -> Result<Resolution, EngineError> {
@@ -81,7 +81,7 @@ fn paged_lists_keep_only_the_pods_devices_and_init_needs_no_watch() {
     let env = Env::new(&api, "ml", "p", TOKEN);
 
     block_on(async {
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), None).with_page_size(2);
+        let mut engine = ApiFeed::new(client(&env).await, pod_ref("ml", "p"), None).with_page_size(2);
         let mut reconciler = Reconciler::new(Mode::UntilReady, pod_ref("ml", "p"), Selection::default(), vec![]);
         let mut steps = Vec::new();
         let res = run(&mut engine, &mut reconciler, &mut steps).await.unwrap();
@@ -108,7 +108,7 @@ fn serve_follows_with_one_watch_per_scope() {
     let (api, env) = example("hpc", "allreduce-worker-3", "examples/offline/rdma-network.yaml");
 
     block_on(async {
-        let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None);
+        let mut engine = ApiFeed::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None);
         let mut reconciler =
             Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
         let mut step = reconciler.start(std::time::Instant::now());
@@ -166,7 +166,7 @@ fn a_stalled_server_cannot_hold_a_run_past_its_deadline() {
     block_on(async {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(500);
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "trainer-0"), Some(deadline));
+        let mut engine = ApiFeed::new(client(&env).await, pod_ref("ml", "trainer-0"), Some(deadline));
         let mut reconciler =
             Reconciler::new(Mode::UntilReady, pod_ref("ml", "trainer-0"), Selection::default(), vec![]);
         let result =
@@ -184,7 +184,7 @@ fn a_silent_watch_is_restarted() {
     api.set_bookmark_interval(Duration::from_secs(3600));
 
     block_on(async {
-        let mut engine = Engine::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None)
+        let mut engine = ApiFeed::new(client(&env).await, pod_ref("hpc", "allreduce-worker-3"), None)
             .with_watch_idle(Duration::from_millis(300));
         let mut reconciler =
             Reconciler::new(Mode::Follow, pod_ref("hpc", "allreduce-worker-3"), Selection::default(), vec![]);
@@ -215,7 +215,7 @@ fn a_silent_watch_is_restarted() {
 struct Run {
     metrics: Arc<Metrics>,
     outputs: Outputs,
-    engine: Engine,
+    engine: ApiFeed,
     reconciler: Reconciler,
 }
 
@@ -224,7 +224,7 @@ impl Run {
         let metrics = Arc::new(Metrics::default());
         let publisher = TreeWriters::new(TreeOutput::Files(AtomicDir::open(dir).unwrap()), None);
         let outputs = Outputs::new(publisher, metrics.clone(), Events::none(), dir);
-        let engine = Engine::new(client(env).await, pod_ref("ml", "p"), deadline);
+        let engine = ApiFeed::new(client(env).await, pod_ref("ml", "p"), deadline);
         let reconciler = Reconciler::new(mode, pod_ref("ml", "p"), Selection::default(), vec![]);
         Run { metrics, outputs, engine, reconciler }
     }
@@ -353,7 +353,7 @@ fn resolve_once_says_what_is_missing_without_waiting() {
         let started = Instant::now();
         // As `get` and `exec` resolve: once, publishing nothing.
         let deadline = Some(tokio::time::Instant::now() + Duration::from_secs(60));
-        let mut engine = Engine::new(client(&env).await, pod_ref("ml", "p"), deadline);
+        let mut engine = ApiFeed::new(client(&env).await, pod_ref("ml", "p"), deadline);
         let mut reconciler = Reconciler::new(Mode::Once, pod_ref("ml", "p"), Selection::default(), vec![]);
         let res = drive(&mut engine, &mut reconciler, None, true).await.unwrap();
         assert!(!res.is_complete());

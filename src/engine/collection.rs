@@ -24,7 +24,7 @@ pub struct Collection {
 }
 
 /// One change a watch reported.
-pub enum Change<'a> {
+pub enum WatchChange<'a> {
     /// Added or modified: the object's JSON.
     Put(&'a str),
     Deleted(&'a str),
@@ -81,7 +81,7 @@ impl Collection {
         client: &Client,
         resource_version: &str,
         seconds: u32,
-        mut each: impl FnMut(Change<'_>) -> Result<(), String>,
+        mut each: impl FnMut(WatchChange<'_>) -> Result<(), String>,
     ) -> Result<Option<String>, ApiError> {
         let params = WatchParams {
             field_selector: Some(self.field_selector.clone()),
@@ -108,8 +108,8 @@ impl Collection {
                 serde_json::from_str(&line).map_err(|e| self.failed("watch", format!("malformed: {e}")))?;
             let object = event.object.get();
             match event.kind.as_str() {
-                "ADDED" | "MODIFIED" => each(Change::Put(object)).map_err(|e| self.failed("watch", e))?,
-                "DELETED" => each(Change::Deleted(object)).map_err(|e| self.failed("watch", e))?,
+                "ADDED" | "MODIFIED" => each(WatchChange::Put(object)).map_err(|e| self.failed("watch", e))?,
+                "DELETED" => each(WatchChange::Deleted(object)).map_err(|e| self.failed("watch", e))?,
                 "ERROR" => return Ok(None),
                 _ => {}
             }

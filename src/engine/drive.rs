@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::engine::EngineError;
 use crate::engine::reconcile::{Action, Input, Objects, Phase, Reconciler, Step};
-use crate::engine::source::{Engine, sleep_until_opt};
+use crate::engine::source::{ApiFeed, sleep_until_opt};
 use crate::model::resolve::Resolution;
 use crate::publish::outputs::{Outputs, PublishError, Written};
 
@@ -24,7 +24,7 @@ pub enum DriveError {
     Output(#[from] PublishError),
 }
 
-/// Where the reconciler's inputs come from: the API server ([`Engine`]) or a
+/// Where the reconciler's inputs come from: the API server ([`ApiFeed`]) or a
 /// file ([`FileFeed`](crate::engine::file::FileFeed)).
 pub trait Feed {
     /// Carry out the reconciler's actions (their answers come as inputs).
@@ -39,17 +39,17 @@ pub trait Feed {
     }
 }
 
-impl Feed for Engine {
+impl Feed for ApiFeed {
     fn execute(&mut self, actions: Vec<Action>) {
-        Engine::execute(self, actions)
+        ApiFeed::execute(self, actions)
     }
 
     async fn next_batch(&mut self) -> Vec<Input> {
-        Engine::next_batch(self).await
+        ApiFeed::next_batch(self).await
     }
 
     fn clear_deadline(&mut self) {
-        Engine::clear_deadline(self)
+        ApiFeed::clear_deadline(self)
     }
 }
 

@@ -2,13 +2,14 @@
 //! server and says when the tree changes.
 //!
 //! Owns: the reconciler (`reconcile`, pure: inputs in, actions and
-//! publications out) and its store (`store`, pure), the I/O half that carries
-//! the actions out against the API server (`source`, `api`), the drive loop
-//! that runs the two together and hands publications to the outputs
-//! (`drive`), the other source, a file of objects (`file`), one run of
-//! it all for a command (`run`), and slices shared by the runs of a process
-//! (`shared`, the node agent's), over a list and watch of a collection
-//! as raw JSON (`collection`).
+//! publications out) and its store (`store`, pure: each scope in one entry),
+//! the I/O half that carries the actions out against the API server
+//! (`source`'s `ApiFeed`, over `api`), the drive loop that runs the two
+//! together and hands publications to the outputs (`drive`), the other
+//! source, a file of objects (`file`), one run of it all for a command
+//! (`run`), and slices shared by the runs of a process (`shared`, the node
+//! agent's), over a list and watch of a collection as raw JSON
+//! (`collection`).
 //!
 //! May use: `publish` (the outputs it drives) and `model`.
 

@@ -19,7 +19,7 @@ use crate::engine::drive::{self, DriveError, Feed, Progress};
 use crate::engine::file::{FileFeed, FileSource};
 use crate::engine::reconcile::{Action, Input, Mode, Objects, Reconciler};
 use crate::engine::shared::SharedSlices;
-use crate::engine::source::{Engine, NoCredentials, Polling, connect};
+use crate::engine::source::{ApiFeed, NoCredentials, Polling, connect};
 use crate::model::objects::LoadError;
 use crate::model::resolve::{Resolution, Selection};
 use crate::model::tree::RequirePath;
@@ -136,7 +136,7 @@ impl RunError {
 /// (One per run, made once: the sizes of the two variants do not matter.)
 #[allow(clippy::large_enum_variant)]
 enum Inputs {
-    Api(Engine),
+    Api(ApiFeed),
     File(FileFeed),
 }
 
@@ -273,7 +273,7 @@ impl Run {
                     None => Events::none(),
                 };
                 let metrics = publish.as_ref().map(|(_, m, _)| m.clone());
-                let mut engine = Engine::new(client, pod.clone(), drive::deadline(timeout)).with_metrics(metrics);
+                let mut engine = ApiFeed::new(client, pod.clone(), drive::deadline(timeout)).with_metrics(metrics);
                 if let Some(Sharing { slices, polling }) = sharing {
                     engine = engine.with_shared_slices(slices).with_polling(polling);
                 }

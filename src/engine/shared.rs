@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::collection::{Change, Collection};
+use crate::engine::collection::{Collection, WatchChange};
 use crate::engine::source::object_meta;
 use crate::engine::store::Scope;
 use crate::model::backoff::RetryBackoff;
@@ -204,13 +204,13 @@ async fn watch_once(
 ) -> Result<Option<String>, ApiError> {
     collection(scope)
         .watch(client, resource_version, seconds, |change| {
-            let (Change::Put(raw) | Change::Deleted(raw)) = change;
+            let (WatchChange::Put(raw) | WatchChange::Deleted(raw)) = change;
             let name = name_of(raw).ok_or("a slice without a name")?;
             match change {
-                Change::Put(raw) => publish(tx, |set| {
+                WatchChange::Put(raw) => publish(tx, |set| {
                     set.slices.insert(name, Arc::from(raw));
                 }),
-                Change::Deleted(_) => publish(tx, |set| {
+                WatchChange::Deleted(_) => publish(tx, |set| {
                     set.slices.remove(&name);
                 }),
             }

@@ -14,7 +14,7 @@
 //!
 //! Results queue for the reconciler in a bounded channel ([`INPUT_QUEUE`]): a
 //! burst of watch events waits in the server's stream, not in drafs's memory,
-//! and [`Engine::next_batch`] hands over all that is queued at once.
+//! and [`ApiFeed::next_batch`] hands over all that is queued at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,7 +50,7 @@ pub const PAGE_SIZE: u32 = 4;
 pub const INPUT_QUEUE: usize = 16;
 
 /// Runs the actions' requests as tasks and queues their results as inputs.
-pub struct Engine {
+pub struct ApiFeed {
     client: Client,
     pod: PodRef,
     tx: mpsc::Sender<Input>,
@@ -91,7 +91,7 @@ pub struct Polling {
     pub live_until: Instant,
 }
 
-impl Drop for Engine {
+impl Drop for ApiFeed {
     fn drop(&mut self) {
         for task in self.tasks.values().chain(self.pod_task.iter()).chain(self.recheck_task.iter()) {
             task.abort();
@@ -99,10 +99,10 @@ impl Drop for Engine {
     }
 }
 
-impl Engine {
+impl ApiFeed {
     pub fn new(client: Client, pod: PodRef, deadline: Option<Instant>) -> Self {
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        Engine {
+        ApiFeed {
             client,
             tx,
             rx,

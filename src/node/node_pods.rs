@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
 use crate::engine::api::{WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::collection::{Change, Collection};
+use crate::engine::collection::{Collection, WatchChange};
 use crate::model::backoff::RetryBackoff;
 
 /// Pods per list page.
@@ -169,12 +169,12 @@ pub async fn follow(client: Client, node: String, changed: impl Fn(&str)) {
             let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
             let watched = collection.watch(&client, &resource_version, seconds, |change| {
                 match change {
-                    Change::Put(raw) => match mark_of(raw) {
+                    WatchChange::Put(raw) => match mark_of(raw) {
                         Ok(pod) if marks.put(&pod) => changed(&pod.uid),
                         Ok(_) => {}
                         Err(e) => warn!("node pods: {e}"),
                     },
-                    Change::Deleted(raw) => {
+                    WatchChange::Deleted(raw) => {
                         if let Ok(pod) = mark_of(raw) {
                             marks.delete(&pod.uid);
                         }

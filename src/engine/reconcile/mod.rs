@@ -40,7 +40,7 @@ pub use crate::model::publication::{Publication, Transition};
 use crate::model::resolve::Selection;
 use crate::model::slices::DeviceFilter;
 use crate::model::tree::{RequirePath, Tree};
-pub use phase::{Change, Phase};
+pub use phase::{Phase, TransitionKind};
 pub use vocabulary::{Action, Input, Mode, Objects, Step};
 use warned::Warned;
 

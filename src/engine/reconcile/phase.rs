@@ -24,7 +24,7 @@ impl Phase {
 
 /// What one resolution reports, without its details.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub enum TransitionKind {
     Waiting,
     Ready,
     Updated,
@@ -48,21 +48,21 @@ pub enum Event {
 /// The transition table: the phase after `event`, and what it reports. A run
 /// that has been ready never waits again (its tree stays served); `init` ends
 /// at the first `Ready`, so it only ever takes the waiting rows and that one.
-pub fn transition(was: Phase, event: Event) -> (Phase, Option<Change>) {
+pub fn transition(was: Phase, event: Event) -> (Phase, Option<TransitionKind>) {
     let ever_ready = was.was_ever_ready();
     match event {
         Event::Awaiting(_) | Event::Holding if ever_ready => (was, None),
         Event::Awaiting(waiting) => (waiting, None),
         Event::Holding => (was, None),
         Event::Resolved { ready: true, tree_changed, .. } => match was {
-            Phase::Ready => (Phase::Ready, tree_changed.then_some(Change::Updated)),
-            Phase::Degraded => (Phase::Ready, Some(Change::Recovered)),
-            _ => (Phase::Ready, Some(Change::Ready)),
+            Phase::Ready => (Phase::Ready, tree_changed.then_some(TransitionKind::Updated)),
+            Phase::Degraded => (Phase::Ready, Some(TransitionKind::Recovered)),
+            _ => (Phase::Ready, Some(TransitionKind::Ready)),
         },
         Event::Resolved { ready: false, missing_changed, waiting, .. } => match was {
-            Phase::Ready => (Phase::Degraded, Some(Change::Lost)),
+            Phase::Ready => (Phase::Degraded, Some(TransitionKind::Lost)),
             Phase::Degraded => (Phase::Degraded, None),
-            _ => (waiting, missing_changed.then_some(Change::Waiting)),
+            _ => (waiting, missing_changed.then_some(TransitionKind::Waiting)),
         },
     }
 }
@@ -94,7 +94,7 @@ mod tests {
     /// waiting only a change of what is missing.
     #[test]
     fn resolutions() {
-        use Change::*;
+        use TransitionKind::*;
         for was in PHASES {
             for bits in 0..8 {
                 let (ready, missing_changed, tree_changed) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::phase::{Change, Event, Phase, transition, waiting_phase};
+use super::phase::{Event, Phase, TransitionKind, transition, waiting_phase};
 use super::{Action, Mode, Objects, Reconciler, Step};
 use crate::engine::EngineError;
 use crate::engine::store::Scope;
@@ -89,7 +89,7 @@ impl Reconciler {
     }
 
     /// Move the run by the transition table: the only place its phase changes.
-    fn advance(&mut self, event: Event) -> Option<Change> {
+    fn advance(&mut self, event: Event) -> Option<TransitionKind> {
         let change;
         (self.phase, change) = transition(self.phase, event);
         change
@@ -108,11 +108,11 @@ impl Reconciler {
         let tree_changed = self.published.as_ref() != Some(&built.tree);
         let resolved = Event::Resolved { ready, missing_changed, tree_changed, waiting: waiting_phase(&res) };
         step.transition = self.advance(resolved).map(|c| match c {
-            Change::Waiting => Transition::Waiting { missing: built.missing.clone() },
-            Change::Ready => Transition::Ready { summary: self.summary(&res, now) },
-            Change::Updated => Transition::Updated,
-            Change::Lost => Transition::Lost { missing: built.missing.clone() },
-            Change::Recovered => Transition::Recovered,
+            TransitionKind::Waiting => Transition::Waiting { missing: built.missing.clone() },
+            TransitionKind::Ready => Transition::Ready { summary: self.summary(&res, now) },
+            TransitionKind::Updated => Transition::Updated,
+            TransitionKind::Lost => Transition::Lost { missing: built.missing.clone() },
+            TransitionKind::Recovered => Transition::Recovered,
         });
         self.last_missing = built.missing.clone();
         if self.mode == Mode::UntilReady {
