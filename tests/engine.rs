@@ -12,7 +12,7 @@ use drafs::engine::{EngineError, PodRef};
 use std::path::Path;
 use std::sync::Arc;
 
-use drafs::engine::drive::{DriveError, drive};
+use drafs::engine::drive::{DriveError, Feed, drive};
 use drafs::engine::reconcile::{Input, Mode, Reconciler, Step};
 use drafs::engine::source::ApiFeed;
 use drafs::model::resolve::{Resolution, Selection};

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::engine::EngineError;
 use crate::engine::reconcile::{Action, Input, Objects, Phase, Reconciler, Step};
-use crate::engine::source::{ApiFeed, sleep_until_opt};
+use crate::engine::source::sleep_until_opt;
 use crate::model::resolve::Resolution;
 use crate::publish::outputs::{Outputs, PublishError, Written};
 
@@ -24,7 +24,8 @@ pub enum DriveError {
     Output(#[from] PublishError),
 }
 
-/// Where the reconciler's inputs come from: the API server ([`ApiFeed`]) or a
+/// Where the reconciler's inputs come from: the API server
+/// ([`ApiFeed`](crate::engine::source::ApiFeed)) or a
 /// file ([`FileFeed`](crate::engine::file::FileFeed)).
 pub trait Feed {
     /// Carry out the reconciler's actions (their answers come as inputs).
@@ -36,20 +37,6 @@ pub trait Feed {
     /// What the objects it feeds can do (the API server's change; a file's do not).
     fn objects(&self) -> Objects {
         Objects::Live
-    }
-}
-
-impl Feed for ApiFeed {
-    fn execute(&mut self, actions: Vec<Action>) {
-        ApiFeed::execute(self, actions)
-    }
-
-    async fn next_batch(&mut self) -> Vec<Input> {
-        ApiFeed::next_batch(self).await
-    }
-
-    fn clear_deadline(&mut self) {
-        ApiFeed::clear_deadline(self)
     }
 }
 

@@ -14,7 +14,7 @@
 //!
 //! Results queue for the reconciler in a bounded channel ([`INPUT_QUEUE`]): a
 //! burst of watch events waits in the server's stream, not in drafs's memory,
-//! and [`ApiFeed::next_batch`] hands over all that is queued at once.
+//! and the feed's `next_batch` hands over all that is queued at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +32,7 @@ use tracing::{debug, info};
 
 use crate::engine::PodRef;
 use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
+use crate::engine::drive::Feed;
 use crate::engine::reconcile::{Action, Input};
 use crate::engine::shared::{SharedSlices, SliceSet};
 use crate::engine::store::{Item, Scope};
@@ -155,12 +156,45 @@ impl ApiFeed {
         self
     }
 
-    /// The deadline no longer applies (the run was ready once).
-    pub fn clear_deadline(&mut self) {
-        self.deadline = None;
+    /// The run's subscription to a shared scope of slices (None: not shared).
+    fn subscription(&mut self, scope: &Scope) -> Option<watch::Receiver<Arc<SliceSet>>> {
+        let shared = self.shared.as_ref().filter(|_| scope.is_slices())?;
+        Some(self.subscriptions.entry(scope.clone()).or_insert_with(|| shared.subscribe(scope)).clone())
     }
 
-    pub fn execute(&mut self, actions: Vec<Action>) {
+    fn replace_task(&mut self, scope: Scope, task: JoinHandle<()>) {
+        if let Some(old) = self.tasks.insert(scope, task) {
+            old.abort();
+        }
+    }
+
+    fn context(&self, scope: Scope) -> ScopeContext {
+        ScopeContext {
+            client: self.client.clone(),
+            namespace: self.pod.namespace.clone(),
+            scope,
+            tx: self.tx.clone(),
+            filter: self.filter.subscribe(),
+            deadline: self.deadline,
+            metrics: self.metrics.clone(),
+            page_size: self.page_size,
+            watch_idle: self.watch_idle,
+        }
+    }
+
+    /// The next input: a result of a request, or `Deadline` when it passes first.
+    pub async fn next(&mut self) -> Input {
+        let deadline = self.deadline;
+        tokio::select! {
+            input = self.rx.recv() => input.unwrap_or(Input::Deadline),
+            _ = sleep_until_opt(deadline) => Input::Deadline,
+        }
+    }
+}
+
+/// The API server's feed: every action a request (a task), every answer an input.
+impl Feed for ApiFeed {
+    fn execute(&mut self, actions: Vec<Action>) {
         for action in actions {
             match action {
                 Action::GetPod { after } => {
@@ -231,44 +265,9 @@ impl ApiFeed {
         }
     }
 
-    /// The run's subscription to a shared scope of slices (None: not shared).
-    fn subscription(&mut self, scope: &Scope) -> Option<watch::Receiver<Arc<SliceSet>>> {
-        let shared = self.shared.as_ref().filter(|_| scope.is_slices())?;
-        Some(self.subscriptions.entry(scope.clone()).or_insert_with(|| shared.subscribe(scope)).clone())
-    }
-
-    fn replace_task(&mut self, scope: Scope, task: JoinHandle<()>) {
-        if let Some(old) = self.tasks.insert(scope, task) {
-            old.abort();
-        }
-    }
-
-    fn context(&self, scope: Scope) -> ScopeContext {
-        ScopeContext {
-            client: self.client.clone(),
-            namespace: self.pod.namespace.clone(),
-            scope,
-            tx: self.tx.clone(),
-            filter: self.filter.subscribe(),
-            deadline: self.deadline,
-            metrics: self.metrics.clone(),
-            page_size: self.page_size,
-            watch_idle: self.watch_idle,
-        }
-    }
-
-    /// The next input: a result of a request, or `Deadline` when it passes first.
-    pub async fn next(&mut self) -> Input {
-        let deadline = self.deadline;
-        tokio::select! {
-            input = self.rx.recv() => input.unwrap_or(Input::Deadline),
-            _ = sleep_until_opt(deadline) => Input::Deadline,
-        }
-    }
-
     /// The next input and every one queued behind it (at most [`INPUT_QUEUE`]),
     /// for the reconciler to take in at once.
-    pub async fn next_batch(&mut self) -> Vec<Input> {
+    async fn next_batch(&mut self) -> Vec<Input> {
         let mut batch = vec![self.next().await];
         while batch.len() < INPUT_QUEUE {
             match self.rx.try_recv() {
@@ -277,6 +276,11 @@ impl ApiFeed {
             }
         }
         batch
+    }
+
+    /// The deadline no longer applies (the run was ready once).
+    fn clear_deadline(&mut self) {
+        self.deadline = None;
     }
 }
 

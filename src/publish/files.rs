@@ -9,9 +9,10 @@
 //! the swap: a reader inside it (a working directory, an open directory, a
 //! walk of the tree that began before the swap) goes on reading the old,
 //! complete tree. A superseded payload is removed once it has been superseded
-//! for [`Retention::keep_for`], or earlier when more than
-//! [`Retention::at_most`] are kept, or when the room it takes is needed for a
-//! new tree. Payloads are removed only when drafs can prove they are its own
+//! for [`Retention::keep_for`], or after [`Retention::at_least`] when more
+//! than [`Retention::at_most`] are kept, or at once beyond
+//! [`Retention::ceiling`] or when the room it takes is needed for a new tree.
+//! Payloads are removed only when drafs can prove they are its own
 //! (its name pattern and a marker file inside): anything else in the
 //! directory is never deleted or written through.
 
@@ -30,24 +31,50 @@ pub const DATA_LINK: &str = "..data";
 /// `..` directories that have it and drafs's name pattern, nothing else.
 const PAYLOAD_MARKER: &str = "..drafs-payload";
 
-/// How long superseded payloads stay readable, and how many at most.
+/// How long superseded payloads stay readable, and how many at once.
+///
+/// A reader inside a payload has [`Retention::at_least`] whatever the churn
+/// (a driver that changes its devices every few hundred milliseconds while an
+/// app walks its tree at start), and [`Retention::keep_for`] while few trees
+/// are superseded; only a full filesystem or [`Retention::ceiling`] takes a
+/// payload sooner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// A reader that entered a payload before a swap has this long to finish
-    /// in it (a walk of the tree takes milliseconds; a shell loop that runs
-    /// `cat` per file, a second or two).
+    /// in it while no more than [`Retention::at_most`] are kept (a walk of the
+    /// tree takes milliseconds; a shell loop that runs `cat` per file, a
+    /// second or two, more on a loaded node).
     pub keep_for: Duration,
-    /// Superseded payloads kept at once (the newest): the room a volume needs
-    /// is at most this many trees more than the current one and the next.
+    /// Superseded payloads kept for all of [`Retention::keep_for`]; beyond
+    /// them, the oldest go once superseded for [`Retention::at_least`].
     pub at_most: usize,
+    /// How long every superseded payload is kept, however many there are.
+    pub at_least: Duration,
+    /// Superseded payloads never kept beyond this many, whatever their age:
+    /// the bound on a directory's payloads where the filesystem is large.
+    pub ceiling: usize,
 }
 
 /// The retention of every tree drafs keeps current (docs/tree.md).
-pub const RETENTION: Retention = Retention { keep_for: Duration::from_secs(30), at_most: 2 };
+pub const RETENTION: Retention =
+    Retention { keep_for: Duration::from_secs(30), at_most: 2, at_least: Duration::from_secs(10), ceiling: 64 };
 
 impl Retention {
     /// Nothing kept: for a writer nobody reads while it writes (`init`).
-    pub const NONE: Retention = Retention { keep_for: Duration::ZERO, at_most: 0 };
+    pub const NONE: Retention =
+        Retention { keep_for: Duration::ZERO, at_most: 0, at_least: Duration::ZERO, ceiling: 0 };
+
+    /// Whether the oldest of `kept` superseded payloads, superseded `age`
+    /// ago, goes now.
+    fn expires(&self, age: Duration, kept: usize) -> bool {
+        age >= self.keep_for || kept > self.ceiling || (kept > self.at_most && age >= self.at_least)
+    }
+
+    /// How long after its swap the oldest of `kept` payloads goes (the
+    /// ceiling aside, which a write enforces at once).
+    fn lifetime(&self, kept: usize) -> Duration {
+        if kept > self.at_most { self.at_least.min(self.keep_for) } else { self.keep_for }
+    }
 }
 
 /// A filesystem operation that failed, with the path it failed on.
@@ -319,10 +346,8 @@ impl AtomicDir {
     /// Remove the superseded payloads whose time is up (or beyond the number
     /// kept); when the next one is due, if any is kept.
     pub fn tidy(&mut self, now: Instant) -> Result<Option<Instant>, WriteError> {
-        let keep_for = self.retention.keep_for;
         while let Some((name, at)) = self.superseded.front() {
-            let expired = now.saturating_duration_since(*at) >= keep_for;
-            if !expired && self.superseded.len() <= self.retention.at_most {
+            if !self.retention.expires(now.saturating_duration_since(*at), self.superseded.len()) {
                 break;
             }
             let path = self.dir.join(name);
@@ -336,7 +361,8 @@ impl AtomicDir {
 
     /// When [`AtomicDir::tidy`] has something to remove next.
     pub fn next_tidy(&self) -> Option<Instant> {
-        self.superseded.front().map(|(_, at)| *at + self.retention.keep_for)
+        let (_, at) = self.superseded.front()?;
+        Some(*at + self.retention.lifetime(self.superseded.len()))
     }
 
     /// Payloads of drafs's that this writer did not supersede itself (an
@@ -581,24 +607,50 @@ mod tests {
         assert_eq!(fs::read_to_string(dir.join("gpu/gpu/0/.health")).unwrap(), "ok", "new readers see the new tree");
     }
 
-    /// Superseded payloads are bounded in number whatever the churn: the newest are kept.
+    /// A reader inside a payload keeps it for `at_least` however fast the trees
+    /// come (apps that walk their tree at start while a driver changes its
+    /// devices every few hundred milliseconds); then only the newest `at_most`
+    /// stay, and after `keep_for` none.
     #[test]
-    fn superseded_payloads_are_bounded() {
+    fn a_reader_keeps_its_tree_whatever_the_churn() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("dra");
         let mut w = AtomicDir::new(&dir);
         let mut insides = Vec::new();
+        let first = Instant::now();
         for i in 0..10 {
             w.write(&tree(&[("gpu/gpu/0/uuid", &format!("v{i}"))])).unwrap();
             insides.push(fs::canonicalize(dir.join("gpu/gpu/0")).unwrap());
-            assert!(payload_dirs(&dir).len() <= RETENTION.at_most + 1, "after write {i}: {:?}", payload_dirs(&dir));
         }
-        assert_eq!(payload_dirs(&dir).len(), RETENTION.at_most + 1);
-        // The newest superseded ones are those kept.
-        for (i, inside) in insides.iter().enumerate().rev().take(RETENTION.at_most + 1) {
-            assert_eq!(fs::read_to_string(inside.join("uuid")).unwrap(), format!("v{i}"));
+        for (i, inside) in insides.iter().enumerate() {
+            assert_eq!(fs::read_to_string(inside.join("uuid")).unwrap(), format!("v{i}"), "the tree of write {i}");
         }
-        assert!(!insides[0].exists());
+        w.tidy(first + RETENTION.at_least + Duration::from_secs(1)).unwrap();
+        assert_eq!(payload_dirs(&dir).len(), RETENTION.at_most + 1, "{:?}", payload_dirs(&dir));
+        for (i, inside) in insides.iter().enumerate() {
+            let kept = i + RETENTION.at_most + 1 >= insides.len();
+            assert_eq!(inside.exists(), kept, "the tree of write {i}: only the newest superseded ones are kept");
+        }
+        assert_eq!(w.next_tidy(), Some(w.superseded[0].1 + RETENTION.keep_for));
+        w.tidy(first + RETENTION.keep_for + Duration::from_secs(11)).unwrap();
+        assert_eq!(payload_dirs(&dir).len(), 1, "the current tree alone");
+        assert_eq!(w.next_tidy(), None);
+    }
+
+    /// Past the ceiling the oldest payload goes at once, however young.
+    #[test]
+    fn superseded_payloads_never_exceed_the_ceiling() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dra");
+        let mut w = AtomicDir::new(&dir).with_retention(Retention { ceiling: 3, ..RETENTION });
+        let mut insides = Vec::new();
+        for i in 0..10 {
+            w.write(&tree(&[("gpu/gpu/0/uuid", &format!("v{i}"))])).unwrap();
+            insides.push(fs::canonicalize(dir.join("gpu/gpu/0")).unwrap());
+            assert!(payload_dirs(&dir).len() <= 3 + 1, "after write {i}: {:?}", payload_dirs(&dir));
+        }
+        assert_eq!(payload_dirs(&dir).len(), 3 + 1);
+        assert!(!insides[0].exists() && insides[6].exists(), "the oldest go first");
     }
 
     #[test]
