@@ -174,14 +174,45 @@ pub trait Build: Sized {
     }
 }
 
+/// What every builder's knobs do to its object: set a field, or add to a list.
+trait Fields: Sized {
+    fn object(&mut self) -> &mut Value;
+
+    /// The field at `path` set to `value` (the objects on the way made as needed).
+    fn set(mut self, path: &[&str], value: impl Into<Value>) -> Self {
+        *path.iter().fold(self.object(), |v, k| &mut v[*k]) = value.into();
+        self
+    }
+
+    /// `item` added to the list at `path`.
+    fn push(mut self, path: &[&str], item: Value) -> Self {
+        append(path.iter().fold(self.object(), |v, k| &mut v[*k]), item);
+        self
+    }
+}
+
+/// `item` added to `list`, made if there is none yet.
+fn append(list: &mut Value, item: Value) {
+    if list.is_null() {
+        *list = Value::Array(Vec::new());
+    }
+    list.as_array_mut().expect("a list").push(item);
+}
+
 /// A Pod, in one place for every test: `new` is only its name (an empty
 /// namespace is left out, as in a pod sent for admission) and each knob adds
 /// what a test needs, so a fixture says what it is about.
 #[derive(Clone, Debug)]
 pub struct PodBuilder {
     pod: Value,
-    /// Where `uses` and `resources` go: the last container added (`spec` key, index).
+    /// Where `uses`, `limits` and `requests` go: the last container added (its list, index).
     last: Option<(&'static str, usize)>,
+}
+
+impl Fields for PodBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.pod
+    }
 }
 
 impl PodBuilder {
@@ -202,46 +233,40 @@ impl PodBuilder {
         p
     }
 
-    pub fn uid(mut self, uid: &str) -> Self {
-        self.pod["metadata"]["uid"] = uid.into();
-        self
+    pub fn uid(self, uid: &str) -> Self {
+        self.set(&["metadata", "uid"], uid)
     }
 
-    pub fn resource_version(mut self, rv: &str) -> Self {
-        self.pod["metadata"]["resourceVersion"] = rv.into();
-        self
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
     }
 
     /// The labels, a JSON object.
-    pub fn labels(mut self, labels: Value) -> Self {
-        self.pod["metadata"]["labels"] = labels;
-        self
+    pub fn labels(self, labels: Value) -> Self {
+        self.set(&["metadata", "labels"], labels)
     }
 
     /// The annotations, a JSON object.
-    pub fn annotations(mut self, annotations: Value) -> Self {
-        self.pod["metadata"]["annotations"] = annotations;
-        self
+    pub fn annotations(self, annotations: Value) -> Self {
+        self.set(&["metadata", "annotations"], annotations)
     }
 
-    pub fn node(mut self, node: &str) -> Self {
-        self.pod["spec"]["nodeName"] = node.into();
-        self
+    pub fn node(self, node: &str) -> Self {
+        self.set(&["spec", "nodeName"], node)
     }
 
-    pub fn service_account(mut self, account: &str) -> Self {
-        self.pod["spec"]["serviceAccountName"] = account.into();
-        self
+    pub fn service_account(self, account: &str) -> Self {
+        self.set(&["spec", "serviceAccountName"], account)
     }
 
     /// Pod claim `name` is ResourceClaim `claim`.
     pub fn claim(self, name: &str, claim: &str) -> Self {
-        self.push("spec", "resourceClaims", serde_json::json!({"name": name, "resourceClaimName": claim}))
+        self.push(&["spec", "resourceClaims"], serde_json::json!({"name": name, "resourceClaimName": claim}))
     }
 
     /// Pod claim `name` is generated from ResourceClaimTemplate `template`.
     pub fn template_claim(self, name: &str, template: &str) -> Self {
-        self.push("spec", "resourceClaims", serde_json::json!({"name": name, "resourceClaimTemplateName": template}))
+        self.push(&["spec", "resourceClaims"], serde_json::json!({"name": name, "resourceClaimTemplateName": template}))
     }
 
     pub fn container(self, name: &str, image: &str) -> Self {
@@ -254,12 +279,7 @@ impl PodBuilder {
 
     /// The last container added uses pod claim `claim`.
     pub fn uses(mut self, claim: &str) -> Self {
-        let c = self.last_container();
-        let claims = &mut c["resources"]["claims"];
-        if claims.is_null() {
-            *claims = Value::Array(Vec::new());
-        }
-        claims.as_array_mut().unwrap().push(serde_json::json!({"name": claim}));
+        append(&mut self.last_container()["resources"]["claims"], serde_json::json!({"name": claim}));
         self
     }
 
@@ -275,50 +295,35 @@ impl PodBuilder {
         self
     }
 
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.pod["status"]["phase"] = phase.into();
-        self
+    pub fn phase(self, phase: &str) -> Self {
+        self.set(&["status", "phase"], phase)
     }
 
     /// The status entries of template claims: (pod claim, the claim generated
     /// for it); none is an empty list, as the kubelet sees a pod before that.
-    pub fn generated(mut self, generated: &[(&str, &str)]) -> Self {
+    pub fn generated(self, generated: &[(&str, &str)]) -> Self {
         let statuses: Vec<Value> =
             generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
-        self.pod["status"]["resourceClaimStatuses"] = statuses.into();
-        self
+        self.set(&["status", "resourceClaimStatuses"], statuses)
     }
 
     /// The kubelet's status of container `name`, with these device health
     /// reports (`allocatedResourcesStatus`, a JSON array).
     pub fn container_status(self, name: &str, allocated: Value) -> Self {
-        self.push(
-            "status",
-            "containerStatuses",
-            serde_json::json!({"name": name, "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                "allocatedResourcesStatus": allocated}),
-        )
+        let status = serde_json::json!({"name": name, "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "allocatedResourcesStatus": allocated});
+        self.push(&["status", "containerStatuses"], status)
     }
 
     /// The scheduler's claim for the pod's extended resources (a JSON object).
-    pub fn extended_status(mut self, status: Value) -> Self {
-        self.pod["status"]["extendedResourceClaimStatus"] = status;
-        self
+    pub fn extended_status(self, status: Value) -> Self {
+        self.set(&["status", "extendedResourceClaimStatus"], status)
     }
 
-    fn push(mut self, part: &str, list: &str, item: Value) -> Self {
-        let l = &mut self.pod[part][list];
-        if l.is_null() {
-            *l = Value::Array(Vec::new());
-        }
-        l.as_array_mut().unwrap().push(item);
-        self
-    }
-
-    fn add_container(mut self, list: &'static str, name: &str, image: &str) -> Self {
-        self = self.push("spec", list, serde_json::json!({"name": name, "image": image}));
-        self.last = Some((list, self.pod["spec"][list].as_array().unwrap().len() - 1));
-        self
+    fn add_container(self, list: &'static str, name: &str, image: &str) -> Self {
+        let mut p = self.push(&["spec", list], serde_json::json!({"name": name, "image": image}));
+        p.last = Some((list, p.pod["spec"][list].as_array().unwrap().len() - 1));
+        p
     }
 
     fn last_container(&mut self) -> &mut Value {
@@ -342,6 +347,12 @@ impl Build for PodBuilder {
 #[derive(Clone, Debug)]
 pub struct ClaimBuilder(Value);
 
+impl Fields for ClaimBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.0
+    }
+}
+
 impl ClaimBuilder {
     pub fn new(ns: &str, name: &str) -> Self {
         ClaimBuilder(serde_json::json!({
@@ -350,71 +361,42 @@ impl ClaimBuilder {
         }))
     }
 
-    pub fn uid(mut self, uid: &str) -> Self {
-        self.0["metadata"]["uid"] = uid.into();
-        self
+    pub fn uid(self, uid: &str) -> Self {
+        self.set(&["metadata", "uid"], uid)
     }
 
-    pub fn generation(mut self, generation: i64) -> Self {
-        self.0["metadata"]["generation"] = generation.into();
-        self
+    pub fn generation(self, generation: i64) -> Self {
+        self.set(&["metadata", "generation"], generation)
     }
 
-    pub fn resource_version(mut self, rv: &str) -> Self {
-        self.0["metadata"]["resourceVersion"] = rv.into();
-        self
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
     }
 
     /// The spec's device requests (a JSON array).
-    pub fn requests(mut self, requests: Value) -> Self {
-        self.0["spec"]["devices"]["requests"] = requests;
-        self
+    pub fn requests(self, requests: Value) -> Self {
+        self.set(&["spec", "devices", "requests"], requests)
     }
 
     /// Allocated, so far to no device.
-    pub fn allocated(mut self) -> Self {
-        let results = &mut self.0["status"]["allocation"]["devices"]["results"];
-        if results.is_null() {
-            *results = Value::Array(Vec::new());
-        }
-        self
+    pub fn allocated(self) -> Self {
+        let results = &self.0["status"]["allocation"]["devices"]["results"];
+        if results.is_null() { self.set(&RESULTS, Vec::<Value>::new()) } else { self }
     }
 
     /// Allocated `device` of `driver`/`pool` for `request`.
     pub fn result(self, request: &str, driver: &str, pool: &str, device: &str) -> Self {
-        self.result_with(request, driver, pool, device, serde_json::json!({}))
-    }
-
-    /// [`ClaimBuilder::result`] with more fields (`shareID`, `adminAccess`,
-    /// `consumedCapacity`...), a JSON object.
-    pub fn result_with(mut self, request: &str, driver: &str, pool: &str, device: &str, more: Value) -> Self {
-        self = self.allocated();
-        let mut r = serde_json::json!({"request": request, "driver": driver, "pool": pool, "device": device});
-        r.as_object_mut().unwrap().extend(more.as_object().expect("a JSON object").clone());
-        self.0["status"]["allocation"]["devices"]["results"].as_array_mut().unwrap().push(r);
-        self
-    }
-
-    /// A driver's status of one device (`status.devices[]`), a JSON object.
-    pub fn device_status(mut self, status: Value) -> Self {
-        let l = &mut self.0["status"]["devices"];
-        if l.is_null() {
-            *l = Value::Array(Vec::new());
-        }
-        l.as_array_mut().unwrap().push(status);
-        self
+        self.push(&RESULTS, serde_json::json!({"request": request, "driver": driver, "pool": pool, "device": device}))
     }
 
     /// Reserved for pod `name` (`uid`).
-    pub fn reserved_for(mut self, name: &str, uid: &str) -> Self {
-        let l = &mut self.0["status"]["reservedFor"];
-        if l.is_null() {
-            *l = Value::Array(Vec::new());
-        }
-        l.as_array_mut().unwrap().push(serde_json::json!({"resource": "pods", "name": name, "uid": uid}));
-        self
+    pub fn reserved_for(self, name: &str, uid: &str) -> Self {
+        self.push(&["status", "reservedFor"], serde_json::json!({"resource": "pods", "name": name, "uid": uid}))
     }
 }
+
+/// Where a claim's allocation results are.
+const RESULTS: [&str; 4] = ["status", "allocation", "devices", "results"];
 
 impl Build for ClaimBuilder {
     fn build(self) -> Value {
@@ -427,6 +409,12 @@ impl Build for ClaimBuilder {
 #[derive(Clone, Debug)]
 pub struct SliceBuilder(Value);
 
+impl Fields for SliceBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.0
+    }
+}
+
 impl SliceBuilder {
     pub fn new(name: &str, driver: &str, pool: &str) -> Self {
         SliceBuilder(serde_json::json!({
@@ -436,43 +424,36 @@ impl SliceBuilder {
         }))
     }
 
-    pub fn resource_version(mut self, rv: &str) -> Self {
-        self.0["metadata"]["resourceVersion"] = rv.into();
-        self
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
     }
 
-    pub fn generation(mut self, generation: i64) -> Self {
-        self.0["spec"]["pool"]["generation"] = generation.into();
-        self
+    pub fn generation(self, generation: i64) -> Self {
+        self.set(&["spec", "pool", "generation"], generation)
     }
 
     /// How many slices the pool has.
-    pub fn slice_count(mut self, count: i64) -> Self {
-        self.0["spec"]["pool"]["resourceSliceCount"] = count.into();
-        self
+    pub fn slice_count(self, count: i64) -> Self {
+        self.set(&["spec", "pool", "resourceSliceCount"], count)
     }
 
-    pub fn node(mut self, node: &str) -> Self {
-        self.0["spec"]["nodeName"] = node.into();
-        self
+    pub fn node(self, node: &str) -> Self {
+        self.set(&["spec", "nodeName"], node)
     }
 
-    pub fn all_nodes(mut self) -> Self {
-        self.0["spec"]["allNodes"] = true.into();
-        self
+    pub fn all_nodes(self) -> Self {
+        self.set(&["spec", "allNodes"], true)
     }
 
     /// Device `name` with these attributes (a JSON object).
-    pub fn device(mut self, name: &str, attributes: Value) -> Self {
-        let d = serde_json::json!({"name": name, "attributes": attributes});
-        self.0["spec"]["devices"].as_array_mut().unwrap().push(d);
-        self
+    pub fn device(self, name: &str, attributes: Value) -> Self {
+        self.push(&["spec", "devices"], serde_json::json!({"name": name, "attributes": attributes}))
     }
 
     /// The last device added has this capacity (a JSON object).
     pub fn capacity(mut self, capacity: Value) -> Self {
-        let d = self.0["spec"]["devices"].as_array_mut().unwrap().last_mut().expect("a device first");
-        d["capacity"] = capacity;
+        let devices = self.0["spec"]["devices"].as_array_mut().unwrap();
+        devices.last_mut().expect("a device first")["capacity"] = capacity;
         self
     }
 }
