@@ -63,12 +63,11 @@ fn pod_ref(ns: &str, name: &str) -> PodRef {
 /// `devices` devices on each of `slices` node-local slices of one pool.
 fn publish_node(api: &TestApi, slices: usize, devices: usize) {
     for s in 0..slices {
-        let devices: Vec<(String, serde_json::Value)> =
-            (0..devices).map(|d| (format!("d{s}-{d}"), json!({"uuid": {"string": format!("U{s}-{d}")}}))).collect();
-        let refs: Vec<(&str, serde_json::Value)> = devices.iter().map(|(n, a)| (n.as_str(), a.clone())).collect();
-        let mut object = slice(&format!("n1-s{s}"), "gpu.example.com", "n1", 1, Some("n1"), &refs);
-        object["spec"]["pool"]["resourceSliceCount"] = json!(slices);
-        api.apply(object);
+        let object =
+            SliceBuilder::new(&format!("n1-s{s}"), "gpu.example.com", "n1").node("n1").slice_count(slices as i64);
+        let object = (0..devices)
+            .fold(object, |o, d| o.device(&format!("d{s}-{d}"), json!({"uuid": {"string": format!("U{s}-{d}")}})));
+        api.apply(object.build());
     }
 }
 
@@ -499,16 +498,8 @@ fn failing_watches_back_off_and_recover_within_the_cap_once_healed() {
 /// A pool of two slices (n1-a holds g0, n1-b holds g1, `resourceSliceCount: 2`)
 /// at `generation`, each device with `version` = `gen<generation>`.
 fn pool_slice(api: &TestApi, name: &str, device: &str, generation: i64) {
-    let mut s = slice(
-        name,
-        "gpu.example.com",
-        "n1",
-        generation,
-        Some("n1"),
-        &[(device, json!({"version": {"string": format!("gen{generation}")}}))],
-    );
-    s["spec"]["pool"]["resourceSliceCount"] = json!(2);
-    api.apply(s);
+    let s = SliceBuilder::new(name, "gpu.example.com", "n1").generation(generation).slice_count(2).node("n1");
+    api.apply(s.device(device, json!({"version": {"string": format!("gen{generation}")}})).build());
 }
 
 /// A one-slice pool `mark` whose device m0 carries `value`: once the tree shows

@@ -267,32 +267,33 @@ fn fabric_scenario(cp: &ControlPlane) -> Scenario<'_> {
     let node = support::cluster::unique("node");
     let pool = support::cluster::unique("fabric-pool");
     let docs = vec![
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "solver-0", "namespace": namespace},
-            "spec": {"nodeName": node, "serviceAccountName": "drafs",
-                "resourceClaims": [{"name": "accel", "resourceClaimName": "solver-accel"}],
-                "containers": [{"name": "solver", "image": "registry.example/solver:1", "resources": {"claims": [{"name": "accel"}]}}]}}),
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "solver-accel", "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "accel", "firstAvailable": [
+        PodBuilder::new(&namespace, "solver-0")
+            .node(&node)
+            .service_account("drafs")
+            .claim("accel", "solver-accel")
+            .container("solver", "registry.example/solver:1")
+            .uses("accel")
+            .build(),
+        ClaimBuilder::new(&namespace, "solver-accel")
+            .requests(json!([{"name": "accel", "firstAvailable": [
                 {"name": "large", "deviceClassName": "fabric.example.com", "count": 1},
-                {"name": "small", "deviceClassName": "fabric.example.com", "count": 2}]}]}},
-            "status": {
-                "allocation": {"devices": {"results": [
-                    {"request": "accel/large", "driver": "fabric.example.com", "pool": pool, "device": "fpga-7"}]}},
-                "reservedFor": [{"resource": "pods", "name": "solver-0", "uid": "set-at-allocation"}]}}),
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": format!("{pool}-a")},
-            "spec": {"driver": "fabric.example.com", "allNodes": true,
-                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-                "devices": [
-                    {"name": "fpga-6", "attributes": {"model": {"string": "other"}}},
-                    {"name": "fpga-7", "attributes": {
-                        "model": {"string": "xcvu57p"},
-                        "lanes": {"ints": [0, 1, 2, 3]},
-                        "fabric.example.com/zones": {"strings": ["z1", "z2"]},
-                        "healthy": {"bool": true}},
-                     "capacity": {"memory": {"value": "16Gi"}}}]}}),
+                {"name": "small", "deviceClassName": "fabric.example.com", "count": 2}]}]))
+            .result("accel/large", "fabric.example.com", &pool, "fpga-7")
+            .reserved_for("solver-0", "set-at-allocation")
+            .build(),
+        SliceBuilder::new(&format!("{pool}-a"), "fabric.example.com", &pool)
+            .all_nodes()
+            .device("fpga-6", json!({"model": {"string": "other"}}))
+            .device(
+                "fpga-7",
+                json!({
+                    "model": {"string": "xcvu57p"},
+                    "lanes": {"ints": [0, 1, 2, 3]},
+                    "fabric.example.com/zones": {"strings": ["z1", "z2"]},
+                    "healthy": {"bool": true}}),
+            )
+            .capacity(json!({"memory": {"value": "16Gi"}}))
+            .build(),
     ];
     Scenario::new(cp, namespace, "solver-0".into(), node, docs)
 }

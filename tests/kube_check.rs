@@ -77,15 +77,14 @@ fn apply_rbac(cp: &ControlPlane, ns: &str, extra: &[&str]) {
     }
 }
 
+/// A pod with these labels whose app container uses a claim from template `gpu`.
 fn pod(ns: &str, name: &str, labels: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-            "containers": [{"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    })
+    PodBuilder::new(ns, name)
+        .labels(labels)
+        .template_claim("gpu", "gpu")
+        .container("app", "registry.example/app:1")
+        .uses("gpu")
+        .build()
 }
 
 /// Install the shipped configuration pointed at `hook`, and wait until the

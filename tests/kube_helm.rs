@@ -452,24 +452,16 @@ enum Asks {
 /// A pod asking for devices as said, with the given labels, for a
 /// server-side dry-run create: what the API server would store, after admission.
 fn pod(ns: &str, name: &str, labels: Value, asks: Asks) -> Value {
-    let mut pod = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1",
-                                 "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]},
-    });
+    let p = PodBuilder::new(ns, name).labels(labels);
+    let app = |p: PodBuilder| p.container("app", "registry.example/app:1").limits(json!({"cpu": "1", "memory": "1Gi"}));
     match asks {
-        Asks::Nothing => {}
-        Asks::Claim => {
-            pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "gpu"}]);
-            pod["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
-        }
+        Asks::Nothing => app(p),
+        Asks::Claim => app(p.template_claim("gpu", "gpu")).uses("gpu"),
         Asks::Extended => {
-            pod["spec"]["initContainers"] = json!([{"name": "warm-up", "image": "registry.example/app:1",
-                "resources": {"limits": {"gpu.example.com/gpu": "1"}}}]);
+            app(p).init_container("warm-up", "registry.example/app:1").limits(json!({"gpu.example.com/gpu": "1"}))
         }
     }
-    pod
+    .build()
 }
 
 /// The status of a server-side dry-run create of `pod`, and the answer's text.

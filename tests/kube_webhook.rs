@@ -44,17 +44,14 @@ fn the_api_server_calls_the_webhook_and_stores_labelled_pods_with_drafs() {
         if let Some(mode) = mode {
             labels["drafs.dev/inject"] = json!(mode);
         }
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
-            "spec": {
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-                "containers": [
-                    {"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}},
-                    {"name": "logger", "image": "registry.example/logger:1"},
-                ]
-            }
-        })
+        PodBuilder::new(&ns, name)
+            .labels(labels)
+            .annotations(annotations)
+            .template_claim("gpu", "single-gpu")
+            .container("app", "registry.example/app:1")
+            .uses("gpu")
+            .container("logger", "registry.example/logger:1")
+            .build()
     };
     // The API server picks up a new webhook configuration asynchronously: wait
     // until a dry run comes back with drafs in it.
@@ -290,14 +287,12 @@ fn a_serving_certificate_renewed_from_the_same_ca_refuses_no_pod() {
         );
     }
     cp.create(&local_webhook_configuration(&hook));
-    let pod = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": "trainer-", "namespace": ns, "labels": {"drafs.dev/inject": "init"}},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-            "containers": [{"name": "app", "image": "registry.example/app:1", "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    });
+    let pod = PodBuilder::from_prefix(&ns, "trainer-")
+        .labels(json!({"drafs.dev/inject": "init"}))
+        .template_claim("gpu", "single-gpu")
+        .container("app", "registry.example/app:1")
+        .uses("gpu")
+        .build();
     let path = format!("/api/v1/namespaces/{ns}/pods?dryRun=All");
     let injected = |cp: &ControlPlane| match cp.raw("POST", &path, Some(&pod), "application/json") {
         Ok((200 | 201, text)) if text.contains("\"name\":\"drafs\"") => Ok(()),

@@ -10,19 +10,22 @@ use serde_json::{Value, json};
 use support::webhook::{
     WebhookProcess, connect, create_review, patched, pod_review, post, request, request_async, tls_config, zeros_review,
 };
-use support::{drafs_bin, free_port, http_get, tls, wait_for, wait_output, wait_until};
+use support::{Build, PodBuilder, drafs_bin, free_port, http_get, tls, wait_for, wait_output, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn review(labels: Value) -> Vec<u8> {
-    create_review(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": "trainer-", "labels": labels},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-            "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}]
-        }
-    }))
+    create_review(trainer(labels).build())
+}
+
+/// A pod as a controller sends it for admission (the review has the
+/// namespace), its app container using a claim from template single-gpu.
+fn trainer(labels: Value) -> PodBuilder {
+    PodBuilder::from_prefix("", "trainer-")
+        .labels(labels)
+        .template_claim("gpu", "single-gpu")
+        .container("app", "app")
+        .uses("gpu")
 }
 
 fn json_body(body: &[u8]) -> Value {
@@ -492,16 +495,10 @@ fn the_namespace_mode_csi_names_the_driver_it_is_told() {
     assert!(!patch.to_string().contains("initContainers"), "no container: {patch}");
 
     // The pod as the API server stored it: already served by that driver.
-    let served = create_review(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": "trainer-", "labels": {"drafs.dev/inject": "csi"}},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}],
-            "containers": [{"name": "app", "image": "app", "resources": {"claims": [{"name": "gpu"}]},
-                            "volumeMounts": [{"name": "dra", "mountPath": "/dra", "readOnly": true}]}],
-            "volumes": [{"name": "dra", "csi": {"driver": "node.drafs.example", "readOnly": true}}]
-        }
-    }));
+    let mut served = trainer(json!({"drafs.dev/inject": "csi"})).build();
+    served["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dra", "mountPath": "/dra", "readOnly": true}]);
+    served["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": "node.drafs.example", "readOnly": true}}]);
+    let served = create_review(served);
     for path in ["/mutate", "/mutate/namespace"] {
         let answer = ask(path, &served);
         assert_eq!(answer["allowed"], true, "{path}: {answer}");

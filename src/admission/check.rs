@@ -173,6 +173,7 @@ fn one_line(text: &str) -> String {
 pub(crate) mod tests {
     use std::collections::BTreeMap;
 
+    use drafs_test_support::{Build, PodBuilder};
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 
     use super::*;
@@ -189,10 +190,11 @@ pub(crate) mod tests {
 
     /// A pod with these labels, a resource claim or not, and this drafs init container.
     pub(crate) fn pod(labels: Value, claims: bool, drafs: Option<Value>) -> Value {
-        let mut pod = json!({"metadata": {"name": "p", "labels": labels}, "spec": {"containers": [{"name": "app"}]}});
+        let mut p = PodBuilder::new("", "p").labels(labels);
         if claims {
-            pod["spec"]["resourceClaims"] = json!([{"name": "gpu"}]);
+            p = p.template_claim("gpu", "gpu");
         }
+        let mut pod = p.container("app", "app").build();
         if let Some(c) = drafs {
             pod["spec"]["initContainers"] = json!([c]);
         }

@@ -380,13 +380,10 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::api::ObjectMeta;
+    use drafs_test_support::{Build, SliceBuilder};
 
     fn slice(name: &str, rv: &str) -> Item {
-        Item::Slice(Box::new(ResourceSlice {
-            metadata: ObjectMeta { name: Some(name.into()), resource_version: Some(rv.into()), ..Default::default() },
-            ..Default::default()
-        }))
+        Item::Slice(Box::new(SliceBuilder::new(name, "d", "p").resource_version(rv).decode()))
     }
 
     #[test]
@@ -455,15 +452,8 @@ mod tests {
 
     /// A slice of pool d/p at `generation` of 2 slices.
     fn pooled(name: &str, generation: i64) -> Item {
-        let mut s = match slice(name, &generation.to_string()) {
-            Item::Slice(s) => s,
-            _ => unreachable!("slice() makes slices"),
-        };
-        s.spec.driver = "d".into();
-        s.spec.pool.name = "p".into();
-        s.spec.pool.generation = generation;
-        s.spec.pool.resource_slice_count = 2;
-        Item::Slice(s)
+        let s = SliceBuilder::new(name, "d", "p").resource_version(&generation.to_string());
+        Item::Slice(Box::new(s.generation(generation).slice_count(2).decode()))
     }
 
     /// The snapshot's slices as `key@generation`.

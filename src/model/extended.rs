@@ -154,26 +154,28 @@ pub fn of_pod(pod: &Pod, warnings: &mut Vec<String>) -> Option<Result<ExtendedCl
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drafs_test_support::{Build, PodBuilder};
     use serde_json::json;
 
-    fn pod(status: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {
-                "initContainers": [{"name": "setup", "resources": {"limits": {"gpu.example.com/gpu": "1"}}}],
-                "containers": [
-                    {"name": "app", "resources": {"limits": {"gpu.example.com/gpu": "1", "cpu": "1", "nvidia.com/gpu": "1"}}},
-                    {"name": "side", "resources": {"requests": {"deviceclass.resource.kubernetes.io/gpu.example.com": "2", "hugepages-2Mi": "1Gi", "kubernetes.io/x": "1"}}},
-                ],
-            },
-            "status": status,
-        }))
-        .unwrap()
+    /// Pod `p` whose containers ask for extended and native resources.
+    fn asking() -> PodBuilder {
+        PodBuilder::new("ns", "p")
+            .init_container("setup", "i")
+            .limits(json!({"gpu.example.com/gpu": "1"}))
+            .container("app", "i")
+            .limits(json!({"gpu.example.com/gpu": "1", "cpu": "1", "nvidia.com/gpu": "1"}))
+            .container("side", "i")
+            .requests(json!({"deviceclass.resource.kubernetes.io/gpu.example.com": "2", "hugepages-2Mi": "1Gi", "kubernetes.io/x": "1"}))
+    }
+
+    /// [`asking`], with the scheduler's claim for its extended resources.
+    fn pod(extended: serde_json::Value) -> Pod {
+        asking().extended_status(extended).decode()
     }
 
     #[test]
     fn extended_resources_are_those_with_a_domain_outside_kubernetes_io() {
-        let p = pod(json!({}));
+        let p: Pod = asking().decode();
         let names: Vec<String> = requested(&p).into_iter().collect();
         assert_eq!(
             names,
@@ -197,7 +199,7 @@ mod tests {
 
     #[test]
     fn mappings_are_checked_one_by_one() {
-        let p = pod(json!({"extendedResourceClaimStatus": {
+        let p = pod(json!({
         "resourceClaimName": "p-extended-resources-abcde",
         "requestMappings": [
             {"containerName": "setup", "resourceName": "gpu.example.com/gpu", "requestName": "container-0-request-0"},
@@ -208,7 +210,7 @@ mod tests {
             {"containerName": "app", "resourceName": "gpu.example.com/gpu", "requestName": "container-1-request-0"},
             // The scheduler's reuse: app uses setup's device first, then one of its own.
             {"containerName": "app", "resourceName": "gpu.example.com/gpu", "requestName": "container-0-request-0"},
-        ]}}));
+        ]}));
         let mut warnings = Vec::new();
         let claim = of_pod(&p, &mut warnings).unwrap().unwrap();
         assert_eq!(claim.claim_name, "p-extended-resources-abcde");
@@ -232,14 +234,13 @@ mod tests {
     /// `example/` with the pod claim `example`: refused, with a warning.
     #[test]
     fn a_dotless_domain_that_is_a_pod_claims_name_is_refused() {
-        let mut p = pod(json!({"extendedResourceClaimStatus": {
+        let extended = json!({
         "resourceClaimName": "p-extended-resources-abcde",
         "requestMappings": [
             {"containerName": "app", "resourceName": "example/gpu", "requestName": "container-1-request-0"},
             {"containerName": "app", "resourceName": "other/gpu", "requestName": "container-1-request-1"},
-        ]}}));
-        p.spec.as_mut().unwrap().resource_claims =
-            Some(vec![serde_json::from_value(json!({"name": "example", "resourceClaimName": "c"})).unwrap()]);
+        ]});
+        let p: Pod = asking().claim("example", "c").extended_status(extended).decode();
         let mut warnings = Vec::new();
         let claim = of_pod(&p, &mut warnings).unwrap().unwrap();
         assert_eq!(claim.resources().into_iter().collect::<Vec<_>>(), ["other/gpu"]);
@@ -249,8 +250,8 @@ mod tests {
 
     #[test]
     fn a_claim_name_that_is_not_a_name_is_an_error_and_no_status_is_none() {
-        let p = pod(json!({"extendedResourceClaimStatus": {"resourceClaimName": "../x", "requestMappings": []}}));
+        let p = pod(json!({"resourceClaimName": "../x", "requestMappings": []}));
         assert!(of_pod(&p, &mut Vec::new()).unwrap().is_err());
-        assert!(of_pod(&pod(json!({})), &mut Vec::new()).is_none());
+        assert!(of_pod(&asking().phase("Running").decode(), &mut Vec::new()).is_none());
     }
 }

@@ -141,10 +141,13 @@ pub fn attach(pod: &Pod, claims: &mut [ResolvedClaim]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drafs_test_support::{Build, PodBuilder};
     use serde_json::json;
 
-    fn pod(statuses: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": {"containerStatuses": statuses}})).unwrap()
+    /// Pod `p` with these containers' device health reports (`allocatedResourcesStatus`).
+    fn pod(containers: &[(&str, serde_json::Value)]) -> Pod {
+        let p = PodBuilder::new("ns", "p");
+        containers.iter().fold(p, |p, (name, reports)| p.container_status(name, reports.clone())).decode()
     }
 
     #[test]
@@ -157,12 +160,12 @@ mod tests {
 
     #[test]
     fn reports_are_read_from_every_container_and_only_for_claims() {
-        let p = pod(json!([
-            {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-             "allocatedResourcesStatus": [
+        let p = pod(&[(
+            "app",
+            json!([
                 {"name": "claim:gpu/gpu", "resources": [{"resourceID": "d/p/x", "health": "Unhealthy", "message": "ECC"}]},
-                {"name": "nvidia.com/gpu", "resources": [{"resourceID": "dp-1", "health": "Healthy"}]}]}
-        ]));
+                {"name": "nvidia.com/gpu", "resources": [{"resourceID": "dp-1", "health": "Healthy"}]}]),
+        )]);
         let r = reports(&p);
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].pod_claim.as_str(), r[0].request.as_deref()), ("gpu", Some("gpu")));
@@ -200,23 +203,18 @@ mod tests {
         }
     }
 
-    fn container(name: &str, entries: serde_json::Value) -> serde_json::Value {
-        json!({"name": name, "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-               "allocatedResourcesStatus": entries})
-    }
-
     fn states(c: &ResolvedClaim) -> Vec<Option<&str>> {
         c.devices.iter().map(|d| d.health.as_ref().map(|h| h.state.as_str())).collect()
     }
 
     #[test]
     fn a_driver_pool_device_id_names_its_device_exactly() {
-        let p = pod(json!([container(
+        let p = pod(&[(
             "app",
             json!([{"name": "claim:gpu/gpu", "resources": [
             {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"},
-            {"resourceID": "gpu.example.com/node-1/gpu-2", "health": "Unhealthy", "message": "XID 79"}]}])
-        )]));
+            {"resourceID": "gpu.example.com/node-1/gpu-2", "health": "Unhealthy", "message": "XID 79"}]}]),
+        )]);
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2"), device("nic", 0, "nic-1")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Healthy"), Some("Unhealthy"), None]);
@@ -226,21 +224,21 @@ mod tests {
     #[test]
     fn a_cdi_id_is_about_every_device_it_covers_and_several_get_the_worst() {
         // One device in the request: the CDI id can only be about it.
-        let p = pod(json!([container(
+        let p = pod(&[(
             "app",
             json!([{"name": "claim:gpu/gpu", "resources": [
-            {"resourceID": "gpu.example.com/test=claim-u-gpu", "health": "Unhealthy"}]}])
-        )]));
+            {"resourceID": "gpu.example.com/test=claim-u-gpu", "health": "Unhealthy"}]}]),
+        )]);
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("nic", 0, "nic-1")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Unhealthy"), None]);
         // Two devices, two CDI ids, one unhealthy: which one cannot be told, so both.
-        let p = pod(json!([container(
+        let p = pod(&[(
             "app",
             json!([{"name": "claim:gpu", "resources": [
             {"resourceID": "vendor/gpu=a", "health": "Healthy"},
-            {"resourceID": "vendor/gpu=b", "health": "Unhealthy"}]}])
-        )]));
+            {"resourceID": "vendor/gpu=b", "health": "Unhealthy"}]}]),
+        )]);
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1"), device("gpu", 1, "gpu-2")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Unhealthy"), Some("Unhealthy")]);
@@ -248,26 +246,26 @@ mod tests {
 
     #[test]
     fn containers_that_disagree_give_the_worst_and_other_claims_are_untouched() {
-        let p = pod(json!([
-            container(
+        let p = pod(&[
+            (
                 "a",
                 json!([{"name": "claim:gpu", "resources": [
-                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"}]}])
+                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Healthy"}]}]),
             ),
-            container(
+            (
                 "b",
                 json!([{"name": "claim:gpu", "resources": [
                 {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unknown"}]},
                 {"name": "claim:other", "resources": [
-                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unhealthy"}]}])
-            )
-        ]));
+                {"resourceID": "gpu.example.com/node-1/gpu-1", "health": "Unhealthy"}]}]),
+            ),
+        ]);
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1")])];
         attach(&p, &mut claims);
         assert_eq!(states(&claims[0]), [Some("Unknown")]);
         // No report at all: no health.
         let mut claims = [claim(vec![device("gpu", 0, "gpu-1")])];
-        attach(&pod(json!([])), &mut claims);
+        attach(&pod(&[]), &mut claims);
         assert_eq!(states(&claims[0]), [None]);
     }
 }

@@ -184,20 +184,22 @@ pub struct RawEvent<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drafs_test_support::{Build, SliceBuilder};
     use serde_json::json;
 
+    /// A slice of pool `pool` (generation 3 of 2 slices) with these devices and a shared counter set.
     fn slice_json(node: Option<&str>, pool: &str, devices: &[&str]) -> String {
-        let devices: Vec<_> =
-            devices.iter().map(|d| json!({"name": d, "attributes": {"uuid": {"string": format!("U-{d}")}}})).collect();
-        let mut spec = json!({"driver": "gpu.example.com", "pool": {"name": pool, "generation": 3, "resourceSliceCount": 2},
-            "devices": devices, "sharedCounters": [{"name": "c", "counters": {}}]});
-        match node {
-            Some(n) => spec["nodeName"] = json!(n),
-            None => spec["allNodes"] = json!(true),
+        let mut s = SliceBuilder::new("s", "gpu.example.com", pool).resource_version("7").generation(3).slice_count(2);
+        s = match node {
+            Some(n) => s.node(n),
+            None => s.all_nodes(),
+        };
+        for d in devices {
+            s = s.device(d, json!({"uuid": {"string": format!("U-{d}")}}));
         }
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": "s", "resourceVersion": "7"}, "spec": spec})
-        .to_string()
+        let mut slice = s.build();
+        slice["spec"]["sharedCounters"] = json!([{"name": "c", "counters": {}}]);
+        slice.to_string()
     }
 
     fn filter() -> DeviceFilter {

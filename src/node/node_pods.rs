@@ -198,16 +198,17 @@ pub async fn follow(client: Client, node: String, changed: impl Fn(&str)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drafs_test_support::{Build, PodBuilder};
     use serde_json::json;
 
+    /// Running pod `p` whose container reports device gpu-0 of claim gpu as `health`.
+    fn running(uid: &str, health: &str) -> PodBuilder {
+        let reports = json!([{"name": "claim:gpu", "resources": [{"resourceID": "gpu-0", "health": health}]}]);
+        PodBuilder::new("", "p").uid(uid).phase("Running").container_status("app", reports)
+    }
+
     fn pod(uid: &str, health: &str, extra: serde_json::Value) -> String {
-        json!({
-            "metadata": {"uid": uid, "name": "p", "annotations": extra},
-            "status": {"phase": "Running", "containerStatuses": [
-                {"name": "app", "ready": true,
-                 "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [{"resourceID": "gpu-0", "health": health}]}]}]}
-        })
-        .to_string()
+        running(uid, health).annotations(extra).build().to_string()
     }
 
     #[test]
@@ -219,9 +220,7 @@ mod tests {
         assert!(!marks.put(&mark_of(&pod("u1", "Healthy", json!({"a": "b"}))).unwrap()));
         assert!(marks.put(&mark_of(&pod("u1", "Unhealthy", json!({}))).unwrap()));
         assert!(!marks.put(&mark_of(&pod("u1", "Unhealthy", json!({}))).unwrap()), "told once");
-        let claims = json!({"metadata": {"uid": "u1"}, "status": {"containerStatuses": [
-            {"name": "app", "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [{"resourceID": "gpu-0", "health": "Unhealthy"}]}]}],
-            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}});
+        let claims = running("u1", "Unhealthy").generated(&[("gpu", "p-gpu-x")]).build();
         assert!(marks.put(&mark_of(&claims.to_string()).unwrap()), "a claim status is a change");
         marks.delete("u1");
         assert!(marks.is_empty());

@@ -59,38 +59,30 @@ pub fn pod(
     claims: &[(&str, Result<&str, &str>)],
     generated: &[(&str, &str)],
 ) -> Value {
-    let spec_claims: Vec<Value> = claims
-        .iter()
-        .map(|(n, src)| match src {
-            Ok(c) => serde_json::json!({"name": n, "resourceClaimName": c}),
-            Err(t) => serde_json::json!({"name": n, "resourceClaimTemplateName": t}),
-        })
-        .collect();
-    let statuses: Vec<Value> =
-        generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")},
-        "spec": {"nodeName": node, "resourceClaims": spec_claims, "containers": [{"name": "app", "image": "app"}]},
-        "status": {"phase": "Pending", "resourceClaimStatuses": statuses},
-    })
+    let mut p = PodBuilder::new(ns, name).uid(&format!("uid-{name}")).node(node);
+    for (n, src) in claims {
+        p = match src {
+            Ok(c) => p.claim(n, c),
+            Err(t) => p.template_claim(n, t),
+        };
+    }
+    let mut pod = p.container("app", "app").phase("Pending").generated(generated).build();
+    if pod["spec"]["resourceClaims"].is_null() {
+        pod["spec"]["resourceClaims"] = serde_json::json!([]);
+    }
+    pod
 }
 
 /// A claim allocated to `results` = (request, driver, pool, device); None = not allocated.
 pub fn claim(ns: &str, name: &str, results: Option<&[(&str, &str, &str, &str)]>) -> Value {
-    let mut c = serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "generation": 1},
-        "spec": {"devices": {"requests": []}},
-    });
+    let mut c = ClaimBuilder::new(ns, name).uid(&format!("uid-{name}")).generation(1).requests(serde_json::json!([]));
     if let Some(results) = results {
-        let results: Vec<Value> = results
-            .iter()
-            .map(|(r, d, p, dev)| serde_json::json!({"request": r, "driver": d, "pool": p, "device": dev}))
-            .collect();
-        c["status"] = serde_json::json!({"allocation": {"devices": {"results": results}}});
+        c = c.allocated();
+        for (r, d, p, dev) in results {
+            c = c.result(r, d, p, dev);
+        }
     }
-    c
+    c.build()
 }
 
 /// A slice of `driver`/`pool` at `generation`; `node` None means `allNodes: true`.
@@ -103,17 +95,15 @@ pub fn slice(
     node: Option<&str>,
     devices: &[(&str, Value)],
 ) -> Value {
-    let devices: Vec<Value> = devices.iter().map(|(n, a)| serde_json::json!({"name": n, "attributes": a})).collect();
-    let mut s = serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {"driver": driver, "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}, "devices": devices},
-    });
-    match node {
-        Some(n) => s["spec"]["nodeName"] = serde_json::json!(n),
-        None => s["spec"]["allNodes"] = serde_json::json!(true),
+    let mut s = SliceBuilder::new(name, driver, pool).generation(generation);
+    s = match node {
+        Some(n) => s.node(n),
+        None => s.all_nodes(),
+    };
+    for (n, a) in devices {
+        s = s.device(n, a.clone());
     }
-    s
+    s.build()
 }
 
 /// A node-local slice of 8 devices (g0..g7) with 30 string attributes each
@@ -172,4 +162,304 @@ pub fn with_interface(mut claim: Value, interface: &str) -> Value {
         "networkData": {"interfaceName": interface}, "data": {"vlan": 7},
     }]);
     claim
+}
+
+/// A test object, built: its JSON, or decoded into a typed object (the unit
+/// tests decode into k8s-openapi's types).
+pub trait Build: Sized {
+    fn build(self) -> Value;
+
+    fn decode<T: serde::de::DeserializeOwned>(self) -> T {
+        serde_json::from_value(self.build()).unwrap_or_else(|e| panic!("a test object that does not decode: {e}"))
+    }
+}
+
+/// What every builder's knobs do to its object: set a field, or add to a list.
+trait Fields: Sized {
+    fn object(&mut self) -> &mut Value;
+
+    /// The field at `path` set to `value` (the objects on the way made as needed).
+    fn set(mut self, path: &[&str], value: impl Into<Value>) -> Self {
+        *path.iter().fold(self.object(), |v, k| &mut v[*k]) = value.into();
+        self
+    }
+
+    /// `item` added to the list at `path`.
+    fn push(mut self, path: &[&str], item: Value) -> Self {
+        append(path.iter().fold(self.object(), |v, k| &mut v[*k]), item);
+        self
+    }
+}
+
+/// `item` added to `list`, made if there is none yet.
+fn append(list: &mut Value, item: Value) {
+    if list.is_null() {
+        *list = Value::Array(Vec::new());
+    }
+    list.as_array_mut().expect("a list").push(item);
+}
+
+/// A Pod, in one place for every test: `new` is only its name (an empty
+/// namespace is left out, as in a pod sent for admission) and each knob adds
+/// what a test needs, so a fixture says what it is about.
+#[derive(Clone, Debug)]
+pub struct PodBuilder {
+    pod: Value,
+    /// Where `uses`, `limits` and `requests` go: the last container added (its list, index).
+    last: Option<(&'static str, usize)>,
+}
+
+impl Fields for PodBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.pod
+    }
+}
+
+impl PodBuilder {
+    pub fn new(ns: &str, name: &str) -> Self {
+        let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {}});
+        if !ns.is_empty() {
+            pod["metadata"]["namespace"] = ns.into();
+        }
+        PodBuilder { pod, last: None }
+    }
+
+    /// A pod named by the API server from `prefix`, as a controller makes them.
+    pub fn from_prefix(ns: &str, prefix: &str) -> Self {
+        let mut p = PodBuilder::new(ns, "");
+        let meta = p.pod["metadata"].as_object_mut().unwrap();
+        meta.shift_remove("name");
+        meta.insert("generateName".into(), prefix.into());
+        p
+    }
+
+    pub fn uid(self, uid: &str) -> Self {
+        self.set(&["metadata", "uid"], uid)
+    }
+
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
+    }
+
+    /// The labels, a JSON object.
+    pub fn labels(self, labels: Value) -> Self {
+        self.set(&["metadata", "labels"], labels)
+    }
+
+    /// The annotations, a JSON object.
+    pub fn annotations(self, annotations: Value) -> Self {
+        self.set(&["metadata", "annotations"], annotations)
+    }
+
+    pub fn node(self, node: &str) -> Self {
+        self.set(&["spec", "nodeName"], node)
+    }
+
+    pub fn service_account(self, account: &str) -> Self {
+        self.set(&["spec", "serviceAccountName"], account)
+    }
+
+    /// Pod claim `name` is ResourceClaim `claim`.
+    pub fn claim(self, name: &str, claim: &str) -> Self {
+        self.push(&["spec", "resourceClaims"], serde_json::json!({"name": name, "resourceClaimName": claim}))
+    }
+
+    /// Pod claim `name` is generated from ResourceClaimTemplate `template`.
+    pub fn template_claim(self, name: &str, template: &str) -> Self {
+        self.push(&["spec", "resourceClaims"], serde_json::json!({"name": name, "resourceClaimTemplateName": template}))
+    }
+
+    pub fn container(self, name: &str, image: &str) -> Self {
+        self.add_container("containers", name, image)
+    }
+
+    pub fn init_container(self, name: &str, image: &str) -> Self {
+        self.add_container("initContainers", name, image)
+    }
+
+    /// The last container added uses pod claim `claim`.
+    pub fn uses(mut self, claim: &str) -> Self {
+        append(&mut self.last_container()["resources"]["claims"], serde_json::json!({"name": claim}));
+        self
+    }
+
+    /// The last container added asks for these `limits` (a JSON object).
+    pub fn limits(mut self, limits: Value) -> Self {
+        self.last_container()["resources"]["limits"] = limits;
+        self
+    }
+
+    /// The last container added asks for these `requests` (a JSON object).
+    pub fn requests(mut self, requests: Value) -> Self {
+        self.last_container()["resources"]["requests"] = requests;
+        self
+    }
+
+    pub fn phase(self, phase: &str) -> Self {
+        self.set(&["status", "phase"], phase)
+    }
+
+    /// The status entries of template claims: (pod claim, the claim generated
+    /// for it); none is an empty list, as the kubelet sees a pod before that.
+    pub fn generated(self, generated: &[(&str, &str)]) -> Self {
+        let statuses: Vec<Value> =
+            generated.iter().map(|(n, c)| serde_json::json!({"name": n, "resourceClaimName": c})).collect();
+        self.set(&["status", "resourceClaimStatuses"], statuses)
+    }
+
+    /// The kubelet's status of container `name`, with these device health
+    /// reports (`allocatedResourcesStatus`, a JSON array).
+    pub fn container_status(self, name: &str, allocated: Value) -> Self {
+        let status = serde_json::json!({"name": name, "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "allocatedResourcesStatus": allocated});
+        self.push(&["status", "containerStatuses"], status)
+    }
+
+    /// The scheduler's claim for the pod's extended resources (a JSON object).
+    pub fn extended_status(self, status: Value) -> Self {
+        self.set(&["status", "extendedResourceClaimStatus"], status)
+    }
+
+    fn add_container(self, list: &'static str, name: &str, image: &str) -> Self {
+        let mut p = self.push(&["spec", list], serde_json::json!({"name": name, "image": image}));
+        p.last = Some((list, p.pod["spec"][list].as_array().unwrap().len() - 1));
+        p
+    }
+
+    fn last_container(&mut self) -> &mut Value {
+        let (list, i) = self.last.expect("a container first");
+        &mut self.pod["spec"][list][i]
+    }
+}
+
+impl Build for PodBuilder {
+    /// With `containers: []` if none was added: the API's one required field.
+    fn build(mut self) -> Value {
+        if self.pod["spec"]["containers"].is_null() {
+            self.pod["spec"]["containers"] = serde_json::json!([]);
+        }
+        self.pod
+    }
+}
+
+/// A ResourceClaim: `new` is its name and an empty spec; the knobs add its
+/// allocation and status as the tests need them.
+#[derive(Clone, Debug)]
+pub struct ClaimBuilder(Value);
+
+impl Fields for ClaimBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.0
+    }
+}
+
+impl ClaimBuilder {
+    pub fn new(ns: &str, name: &str) -> Self {
+        ClaimBuilder(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns}, "spec": {},
+        }))
+    }
+
+    pub fn uid(self, uid: &str) -> Self {
+        self.set(&["metadata", "uid"], uid)
+    }
+
+    pub fn generation(self, generation: i64) -> Self {
+        self.set(&["metadata", "generation"], generation)
+    }
+
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
+    }
+
+    /// The spec's device requests (a JSON array).
+    pub fn requests(self, requests: Value) -> Self {
+        self.set(&["spec", "devices", "requests"], requests)
+    }
+
+    /// Allocated, so far to no device.
+    pub fn allocated(self) -> Self {
+        let results = &self.0["status"]["allocation"]["devices"]["results"];
+        if results.is_null() { self.set(&RESULTS, Vec::<Value>::new()) } else { self }
+    }
+
+    /// Allocated `device` of `driver`/`pool` for `request`.
+    pub fn result(self, request: &str, driver: &str, pool: &str, device: &str) -> Self {
+        self.push(&RESULTS, serde_json::json!({"request": request, "driver": driver, "pool": pool, "device": device}))
+    }
+
+    /// Reserved for pod `name` (`uid`).
+    pub fn reserved_for(self, name: &str, uid: &str) -> Self {
+        self.push(&["status", "reservedFor"], serde_json::json!({"resource": "pods", "name": name, "uid": uid}))
+    }
+}
+
+/// Where a claim's allocation results are.
+const RESULTS: [&str; 4] = ["status", "allocation", "devices", "results"];
+
+impl Build for ClaimBuilder {
+    fn build(self) -> Value {
+        self.0
+    }
+}
+
+/// A ResourceSlice of `driver`/`pool`, generation 1 of a pool of one slice,
+/// with no devices; say where it is (`node` or `all_nodes`) and add devices.
+#[derive(Clone, Debug)]
+pub struct SliceBuilder(Value);
+
+impl Fields for SliceBuilder {
+    fn object(&mut self) -> &mut Value {
+        &mut self.0
+    }
+}
+
+impl SliceBuilder {
+    pub fn new(name: &str, driver: &str, pool: &str) -> Self {
+        SliceBuilder(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": []},
+        }))
+    }
+
+    pub fn resource_version(self, rv: &str) -> Self {
+        self.set(&["metadata", "resourceVersion"], rv)
+    }
+
+    pub fn generation(self, generation: i64) -> Self {
+        self.set(&["spec", "pool", "generation"], generation)
+    }
+
+    /// How many slices the pool has.
+    pub fn slice_count(self, count: i64) -> Self {
+        self.set(&["spec", "pool", "resourceSliceCount"], count)
+    }
+
+    pub fn node(self, node: &str) -> Self {
+        self.set(&["spec", "nodeName"], node)
+    }
+
+    pub fn all_nodes(self) -> Self {
+        self.set(&["spec", "allNodes"], true)
+    }
+
+    /// Device `name` with these attributes (a JSON object).
+    pub fn device(self, name: &str, attributes: Value) -> Self {
+        self.push(&["spec", "devices"], serde_json::json!({"name": name, "attributes": attributes}))
+    }
+
+    /// The last device added has this capacity (a JSON object).
+    pub fn capacity(mut self, capacity: Value) -> Self {
+        let devices = self.0["spec"]["devices"].as_array_mut().unwrap();
+        devices.last_mut().expect("a device first")["capacity"] = capacity;
+        self
+    }
+}
+
+impl Build for SliceBuilder {
+    fn build(self) -> Value {
+        self.0
+    }
 }

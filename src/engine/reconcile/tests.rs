@@ -8,7 +8,8 @@ use crate::engine::api::ApiError;
 use crate::engine::store::Item;
 use crate::model::backoff::WatchBackoff;
 use crate::model::resolve::Missing;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use drafs_test_support::{Build, ClaimBuilder, PodBuilder, SliceBuilder};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
@@ -24,46 +25,41 @@ fn pod_ref() -> PodRef {
     PodRef { namespace: NS.into(), name: "p".into() }
 }
 
+/// Pod `p` on n1 with these claims (`template:T` for one from template T)
+/// and the template claims' status entries.
+fn pod_builder(claims: &[(&str, &str)], generated: &[(&str, &str)]) -> PodBuilder {
+    let mut p = PodBuilder::new(NS, "p").uid("u1").node("n1");
+    for (n, c) in claims {
+        p = match c.strip_prefix("template:") {
+            Some(t) => p.template_claim(n, t),
+            None => p.claim(n, c),
+        };
+    }
+    p.generated(generated)
+}
+
 fn pod(claims: &[(&str, &str)], generated: &[(&str, &str)]) -> Input {
-    let spec: Vec<_> = claims
-        .iter()
-        .map(|(n, c)| match c.strip_prefix("template:") {
-            Some(t) => json!({"name": n, "resourceClaimTemplateName": t}),
-            None => json!({"name": n, "resourceClaimName": c}),
-        })
-        .collect();
-    let statuses: Vec<_> = generated.iter().map(|(n, c)| json!({"name": n, "resourceClaimName": c})).collect();
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "p", "namespace": NS, "uid": "u1"},
-        "spec": {"nodeName": "n1", "resourceClaims": spec, "containers": []},
-        "status": {"resourceClaimStatuses": statuses}}))
-    .unwrap();
-    Input::Pod(Box::new(pod))
+    Input::Pod(Box::new(pod_builder(claims, generated).decode()))
 }
 
 fn claim(name: &str, devices: &[&str]) -> Item {
-    let mut c = json!({"metadata": {"name": name, "namespace": NS, "resourceVersion": "5"}, "spec": {}});
-    if !devices.is_empty() {
-        let results: Vec<_> = devices
-            .iter()
-            .map(|d| json!({"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": d}))
-            .collect();
-        c["status"] = json!({"allocation": {"devices": {"results": results}}});
+    let mut c = ClaimBuilder::new(NS, name).resource_version("5");
+    for d in devices {
+        c = c.result("gpu", "gpu.example.com", "n1", d);
     }
-    Item::Claim(Box::new(serde_json::from_value::<ResourceClaim>(c).unwrap()))
+    Item::Claim(Box::new(c.decode()))
 }
 
 fn slice(name: &str, node: Option<&str>, generation: i64, devices: &[(&str, &str)]) -> Item {
-    let devices: Vec<_> =
-        devices.iter().map(|(d, uuid)| json!({"name": d, "attributes": {"uuid": {"string": uuid}}})).collect();
-    let mut s = json!({"metadata": {"name": name, "resourceVersion": "9"},
-        "spec": {"driver": "gpu.example.com", "pool": {"name": "n1", "generation": generation, "resourceSliceCount": 1},
-            "devices": devices}});
-    match node {
-        Some(n) => s["spec"]["nodeName"] = json!(n),
-        None => s["spec"]["allNodes"] = json!(true),
+    let mut s = SliceBuilder::new(name, "gpu.example.com", "n1").resource_version("9").generation(generation);
+    s = match node {
+        Some(n) => s.node(n),
+        None => s.all_nodes(),
+    };
+    for (d, uuid) in devices {
+        s = s.device(d, json!({"uuid": {"string": uuid}}));
     }
-    Item::Slice(Box::new(serde_json::from_value::<ResourceSlice>(s).unwrap()))
+    Item::Slice(Box::new(s.decode()))
 }
 
 fn claim_scope(name: &str) -> Scope {
@@ -266,18 +262,14 @@ fn a_pool_gone_for_a_while_keeps_the_tree_and_one_the_driver_changed_does_not() 
 
 /// The pod as fetched at resource version `rv`, with the kubelet's health of g0.
 fn pod_at(rv: &str, health: Option<&str>) -> Box<Pod> {
-    let Input::Pod(mut p) = pod(&[("gpu", "c")], &[]) else { unreachable!() };
-    p.metadata.resource_version = Some(rv.into());
+    let mut p = pod_builder(&[("gpu", "c")], &[]).resource_version(rv);
     if let Some(h) = health {
-        p.status.as_mut().unwrap().container_statuses = Some(vec![
-            serde_json::from_value(json!({
-            "name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-            "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
-                {"resourceID": "gpu.example.com/n1/g0", "health": h}]}]}))
-            .unwrap(),
-        ]);
+        p = p.container_status(
+            "app",
+            json!([{"name": "claim:gpu", "resources": [{"resourceID": "gpu.example.com/n1/g0", "health": h}]}]),
+        );
     }
-    p
+    Box::new(p.decode())
 }
 
 /// `serve` ready from the first reads, the pod fetched at version 3: the
