@@ -23,10 +23,11 @@ const TOKEN_VOLUME: &str = "drafs-token";
 const METADATA_VOLUME: &str = "dra-metadata";
 /// The tree's in-memory emptyDir (init, sidecar-files): the tree, the next one
 /// while it is swapped in and the two superseded ones kept for readers, for a
-/// node's 8 GPUs (2.1 MiB of tmpfs pages each). Its pages, and about 1 KiB of
-/// kernel memory for each of its files (2 MiB for four such trees), are
-/// charged to the drafs container (limit 32Mi), beside drafs's own 10 to 16
-/// MiB: about 30 of the 32 at the very worst.
+/// node's 8 GPUs (2.1 MiB of tmpfs pages each; smaller trees that come fast
+/// are kept more, as many as the room holds). Its pages, and about 1 KiB of
+/// kernel memory for each of its files (a file takes a page: at most about
+/// 3,000 files, 3 MiB), are charged to the drafs container (limit 32Mi),
+/// beside drafs's own 10 to 16 MiB: about 31 of the 32 at the very worst.
 pub const TREE_VOLUME_SIZE: &str = "12Mi";
 /// The standard view's emptyDir: one small JSON file per claim and driver.
 const METADATA_VOLUME_SIZE: &str = "4Mi";

@@ -51,13 +51,16 @@ pub struct Retention {
     /// How long every superseded payload is kept, however many there are.
     pub at_least: Duration,
     /// Superseded payloads never kept beyond this many, whatever their age:
-    /// the bound on a directory's payloads where the filesystem is large.
+    /// the bound on a directory's payloads where the filesystem is large
+    /// (where it is small, a tmpfs of the node agent's or an in-memory
+    /// emptyDir, its room takes the oldest first; a file takes a page there,
+    /// so their number, and the kernel's memory for them, stays bounded too).
     pub ceiling: usize,
 }
 
 /// The retention of every tree drafs keeps current (docs/tree.md).
 pub const RETENTION: Retention =
-    Retention { keep_for: Duration::from_secs(30), at_most: 2, at_least: Duration::from_secs(10), ceiling: 64 };
+    Retention { keep_for: Duration::from_secs(30), at_most: 2, at_least: Duration::from_secs(10), ceiling: 32 };
 
 impl Retention {
     /// Nothing kept: for a writer nobody reads while it writes (`init`).
