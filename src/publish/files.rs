@@ -67,16 +67,16 @@ impl Retention {
     pub const NONE: Retention =
         Retention { keep_for: Duration::ZERO, at_most: 0, at_least: Duration::ZERO, ceiling: 0 };
 
-    /// Whether the oldest of `kept` superseded payloads, superseded `age`
-    /// ago, goes now.
-    fn expires(&self, age: Duration, kept: usize) -> bool {
-        age >= self.keep_for || kept > self.ceiling || (kept > self.at_most && age >= self.at_least)
-    }
-
-    /// How long after its swap the oldest of `kept` payloads goes (the
-    /// ceiling aside, which a write enforces at once).
+    /// How long after its swap the oldest of `kept` superseded payloads goes:
+    /// the one rule both [`AtomicDir::tidy`] and [`AtomicDir::next_tidy`] follow.
     fn lifetime(&self, kept: usize) -> Duration {
-        if kept > self.at_most { self.at_least.min(self.keep_for) } else { self.keep_for }
+        if kept > self.ceiling {
+            Duration::ZERO
+        } else if kept > self.at_most {
+            self.at_least.min(self.keep_for)
+        } else {
+            self.keep_for
+        }
     }
 }
 
@@ -350,7 +350,7 @@ impl AtomicDir {
     /// kept); when the next one is due, if any is kept.
     pub fn tidy(&mut self, now: Instant) -> Result<Option<Instant>, WriteError> {
         while let Some((name, at)) = self.superseded.front() {
-            if !self.retention.expires(now.saturating_duration_since(*at), self.superseded.len()) {
+            if now.saturating_duration_since(*at) < self.retention.lifetime(self.superseded.len()) {
                 break;
             }
             let path = self.dir.join(name);
@@ -635,7 +635,7 @@ mod tests {
             assert_eq!(inside.exists(), kept, "the tree of write {i}: only the newest superseded ones are kept");
         }
         assert_eq!(w.next_tidy(), Some(w.superseded[0].1 + RETENTION.keep_for));
-        w.tidy(first + RETENTION.keep_for + Duration::from_secs(11)).unwrap();
+        w.tidy(first + RETENTION.keep_for + Duration::from_secs(1)).unwrap();
         assert_eq!(payload_dirs(&dir).len(), 1, "the current tree alone");
         assert_eq!(w.next_tidy(), None);
     }
