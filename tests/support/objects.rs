@@ -191,6 +191,14 @@ trait Fields: Sized {
     }
 }
 
+/// The fields of `fields` (an object) set in `object`.
+fn merge(object: &mut Value, fields: Value) {
+    let Value::Object(fields) = fields else { panic!("fields are a JSON object") };
+    for (k, v) in fields {
+        object[k.as_str()] = v;
+    }
+}
+
 /// `item` added to `list`, made if there is none yet.
 fn append(list: &mut Value, item: Value) {
     if list.is_null() {
@@ -315,6 +323,12 @@ impl PodBuilder {
         self.push(&["status", "containerStatuses"], status)
     }
 
+    /// The status entry of template claim `name` that needed no claim (the
+    /// entry without a `resourceClaimName`), after any from `generated`.
+    pub fn no_claim_needed(self, name: &str) -> Self {
+        self.push(&["status", "resourceClaimStatuses"], serde_json::json!({"name": name}))
+    }
+
     /// The scheduler's claim for the pod's extended resources (a JSON object).
     pub fn extended_status(self, status: Value) -> Self {
         self.set(&["status", "extendedResourceClaimStatus"], status)
@@ -389,6 +403,21 @@ impl ClaimBuilder {
         self.push(&RESULTS, serde_json::json!({"request": request, "driver": driver, "pool": pool, "device": device}))
     }
 
+    /// The last result added has these fields too (a JSON object: `shareID`,
+    /// `consumedCapacity`, `adminAccess`...).
+    pub fn with(mut self, fields: Value) -> Self {
+        let results = self.0["status"]["allocation"]["devices"]["results"].as_array_mut();
+        let last = results.and_then(|r| r.last_mut()).expect("a result first");
+        merge(last, fields);
+        self
+    }
+
+    /// A device's status as its driver writes it (a JSON object: `driver`,
+    /// `pool`, `device`, `networkData`, `data`...).
+    pub fn device_status(self, status: Value) -> Self {
+        self.push(&["status", "devices"], status)
+    }
+
     /// Reserved for pod `name` (`uid`).
     pub fn reserved_for(self, name: &str, uid: &str) -> Self {
         self.push(&["status", "reservedFor"], serde_json::json!({"resource": "pods", "name": name, "uid": uid}))
@@ -451,9 +480,14 @@ impl SliceBuilder {
     }
 
     /// The last device added has this capacity (a JSON object).
-    pub fn capacity(mut self, capacity: Value) -> Self {
+    pub fn capacity(self, capacity: Value) -> Self {
+        self.with(serde_json::json!({ "capacity": capacity }))
+    }
+
+    /// The last device added has these fields too (a JSON object: `taints`...).
+    pub fn with(mut self, fields: Value) -> Self {
         let devices = self.0["spec"]["devices"].as_array_mut().unwrap();
-        devices.last_mut().expect("a device first")["capacity"] = capacity;
+        merge(devices.last_mut().expect("a device first"), fields);
         self
     }
 }

@@ -1,78 +1,81 @@
 use super::*;
 use crate::model::objects::FileObjects;
 use crate::model::status_data::RawData;
+use drafs_test_support::{Build, ClaimBuilder, PodBuilder, SliceBuilder};
+use serde_json::{Value, json};
 
-fn snapshot(text: &str) -> Snapshot {
-    FileObjects::parse("test", text).unwrap().into_snapshot("test", None).unwrap()
+/// The objects as `--from-file` reads them (the YAML form users dump is
+/// tested with the loader, in model/objects.rs).
+fn snapshot(objects: &[Value]) -> Snapshot {
+    let text: Vec<String> = objects.iter().map(Value::to_string).collect();
+    FileObjects::parse("test", &text.join("\n---\n")).unwrap().into_snapshot("test", None).unwrap()
 }
 
-const POD: &str = r#"
-kind: Pod
-metadata: {name: p, namespace: ns, uid: u1}
-spec:
-  nodeName: n1
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: t}
-  - {name: nic, resourceClaimName: shared-nic}
-  - {name: opt, resourceClaimTemplateName: t2}
-status:
-  resourceClaimStatuses:
-  - {name: gpu, resourceClaimName: p-gpu-abc}
-  - {name: opt}
-"#;
-
-fn claim(name: &str, results: &str, extra_status: &str) -> String {
-    format!(
-        "---\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: ns, uid: u-{name}, generation: 3}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results: {results}\n{extra_status}"
-    )
+/// Pod ns/p on n1: `gpu` from a template (claim p-gpu-abc once generated),
+/// `nic` the shared claim shared-nic, `opt` from a template that needed none;
+/// `generated` is the status of the template claims besides `opt`.
+fn pod_with(generated: &[(&str, &str)]) -> Value {
+    PodBuilder::new("ns", "p")
+        .uid("u1")
+        .node("n1")
+        .template_claim("gpu", "t")
+        .claim("nic", "shared-nic")
+        .template_claim("opt", "t2")
+        .generated(generated)
+        .no_claim_needed("opt")
+        .build()
 }
 
-fn slice(name: &str, node: &str, driver: &str, pool: &str, generation: i64, count: i64, devices: &str) -> String {
-    format!(
-        "---\nkind: ResourceSlice\nmetadata: {{name: {name}}}\nspec:\n  driver: {driver}\n  {node}\n  pool: {{name: {pool}, generation: {generation}, resourceSliceCount: {count}}}\n  devices: {devices}\n"
-    )
+fn pod() -> Value {
+    pod_with(&[("gpu", "p-gpu-abc")])
 }
 
-fn full_fixture() -> String {
-    let mut text = POD.to_string();
-    text += &claim(
-        "p-gpu-abc",
-        "[{request: gpu/large, driver: gpu.example.com, pool: n1, device: g1}, {request: gpu/large, driver: gpu.example.com, pool: n1, device: g0}]",
-        "",
-    );
-    text += &claim(
-        "shared-nic",
-        "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7}]",
-        "  devices:\n  - {driver: net.example.com, pool: fabric, device: nic-7, networkData: {interfaceName: net1, ips: [10.0.0.1/24, 'fd00::1/64'], hardwareAddress: 'aa:bb'}, data: {vf: 3}}\n",
-    );
-    text += &slice(
-        "old",
-        "nodeName: n1",
-        "gpu.example.com",
-        "n1",
-        1,
-        1,
-        "[{name: g1, attributes: {uuid: {string: STALE}}}]",
-    );
-    text += &slice(
-        "new",
-        "nodeName: n1",
-        "gpu.example.com",
-        "n1",
-        2,
-        1,
-        "[{name: g0, attributes: {uuid: {string: G0}}}, {name: g1, attributes: {uuid: {string: G1}, cc: {version: 9.0.0}, numa: {ints: [0, 1]}, resource.kubernetes.io/pciBusID: {string: '0000:3b:00.0'}, '../escape': {string: x}, weird: {float: 1.5}}, capacity: {memory: {value: 80Gi}}}]",
-    );
-    text += &slice(
-        "fabric",
-        "allNodes: true",
-        "net.example.com",
-        "fabric",
-        4,
-        1,
-        "[{name: nic-7, attributes: {ifName: {string: ens1}, rdma: {bool: true}, mtu: {int: 9000}}}]",
-    );
-    text
+/// Claim `name` in ns, allocated (add results).
+fn claim(name: &str) -> ClaimBuilder {
+    ClaimBuilder::new("ns", name).uid(&format!("u-{name}")).generation(3).allocated()
+}
+
+/// A slice of pool n1 of gpu.example.com on node n1.
+fn gpu_slice(name: &str, generation: i64, count: i64) -> SliceBuilder {
+    SliceBuilder::new(name, "gpu.example.com", "n1").node("n1").generation(generation).slice_count(count)
+}
+
+/// The network driver's pool `fabric`, on all nodes, with device nic-7.
+fn fabric(generation: i64, attributes: Value) -> Value {
+    SliceBuilder::new("fabric", "net.example.com", "fabric")
+        .all_nodes()
+        .generation(generation)
+        .device("nic-7", attributes)
+        .build()
+}
+
+/// A string attribute.
+fn s(value: &str) -> Value {
+    json!({ "string": value })
+}
+
+fn full_fixture() -> Vec<Value> {
+    vec![
+        pod(),
+        claim("p-gpu-abc")
+            .result("gpu/large", "gpu.example.com", "n1", "g1")
+            .result("gpu/large", "gpu.example.com", "n1", "g0")
+            .build(),
+        claim("shared-nic")
+            .result("rdma", "net.example.com", "fabric", "nic-7")
+            .device_status(json!({"driver": "net.example.com", "pool": "fabric", "device": "nic-7",
+                "networkData": {"interfaceName": "net1", "ips": ["10.0.0.1/24", "fd00::1/64"], "hardwareAddress": "aa:bb"},
+                "data": {"vf": 3}}))
+            .build(),
+        gpu_slice("old", 1, 1).device("g1", json!({"uuid": s("STALE")})).build(),
+        gpu_slice("new", 2, 1)
+            .device("g0", json!({"uuid": s("G0")}))
+            .device("g1", json!({"uuid": s("G1"), "cc": {"version": "9.0.0"}, "numa": {"ints": [0, 1]},
+                "resource.kubernetes.io/pciBusID": s("0000:3b:00.0"), "../escape": s("x"), "weird": {"float": 1.5}}))
+            .capacity(json!({"memory": {"value": "80Gi"}}))
+            .build(),
+        fabric(4, json!({"ifName": s("ens1"), "rdma": {"bool": true}, "mtu": {"int": 9000}})),
+    ]
 }
 
 #[test]
@@ -111,17 +114,15 @@ fn resolves_template_and_direct_claims_with_subrequests_and_stale_generations() 
 #[test]
 fn a_slice_of_another_node_never_contributes_devices_or_a_generation() {
     // A whole-cluster dump: node n2 publishes pool "n1" of the same driver at a newer generation.
-    let mut text = full_fixture();
-    text += &slice(
-        "other-node",
-        "nodeName: n2",
-        "gpu.example.com",
-        "n1",
-        9,
-        1,
-        "[{name: g0, attributes: {uuid: {string: WRONG}}}, {name: g1, attributes: {uuid: {string: WRONG}}}]",
+    let mut objects = full_fixture();
+    objects.push(
+        gpu_slice("other-node", 9, 1)
+            .node("n2")
+            .device("g0", json!({"uuid": s("WRONG")}))
+            .device("g1", json!({"uuid": s("WRONG")}))
+            .build(),
     );
-    let res = resolve(&snapshot(&text), &Selection::default());
+    let res = resolve(&snapshot(&objects), &Selection::default());
     assert!(res.is_complete(), "{:?}", res.missing);
     let uuid = QualifiedName::parse("uuid", "gpu.example.com").unwrap();
     assert_eq!(res.claims[0].devices[0].attributes[&uuid].value, AttrValue::String("G1".into()));
@@ -129,9 +130,8 @@ fn a_slice_of_another_node_never_contributes_devices_or_a_generation() {
 
 #[test]
 fn reports_what_is_missing() {
-    let mut text = POD.replace("  - {name: gpu, resourceClaimName: p-gpu-abc}\n", "");
-    text += &claim("shared-nic", "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7}]", "");
-    let res = resolve(&snapshot(&text), &Selection::default());
+    let objects = [pod_with(&[]), claim("shared-nic").result("rdma", "net.example.com", "fabric", "nic-7").build()];
+    let res = resolve(&snapshot(&objects), &Selection::default());
     assert_eq!(res.missing.len(), 2, "{:?}", res.missing);
     assert!(matches!(&res.missing[0], Missing::ClaimStatusPending { pod_claim, .. } if pod_claim == "gpu"));
     assert!(
@@ -144,11 +144,13 @@ fn reports_what_is_missing() {
 
 #[test]
 fn unallocated_claim_and_incomplete_pool() {
-    let mut text = POD.to_string();
-    text += "---\nkind: ResourceClaim\nmetadata: {name: shared-nic, namespace: ns}\nspec: {}\n";
-    text += &claim("p-gpu-abc", "[{request: gpu, driver: gpu.example.com, pool: n1, device: g9}]", "");
-    text += &slice("part", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g0}]");
-    let res = resolve(&snapshot(&text), &Selection::default());
+    let objects = [
+        pod(),
+        ClaimBuilder::new("ns", "shared-nic").build(),
+        claim("p-gpu-abc").result("gpu", "gpu.example.com", "n1", "g9").build(),
+        gpu_slice("part", 2, 2).device("g0", json!({})).build(),
+    ];
+    let res = resolve(&snapshot(&objects), &Selection::default());
     let text: Vec<String> = res.missing.iter().map(ToString::to_string).collect();
     assert!(text.iter().any(|m| m.contains("shared-nic is not allocated")), "{text:?}");
     assert!(text.iter().any(|m| m.contains("1 of 2 ResourceSlices")), "{text:?}");
@@ -166,36 +168,42 @@ fn selection_restricts_and_unknown_claims_are_permanent() {
 
 #[test]
 fn share_id_selects_the_matching_status() {
-    let mut text = POD.to_string();
-    text += &claim(
-        "shared-nic",
-        "[{request: rdma, driver: net.example.com, pool: fabric, device: nic-7, shareID: s2}]",
-        "  devices:\n  - {driver: net.example.com, pool: fabric, device: nic-7, shareID: s1, networkData: {interfaceName: wrong}}\n  - {driver: net.example.com, pool: fabric, device: nic-7, shareID: s2, networkData: {interfaceName: right}}\n",
-    );
-    text += &slice("fabric", "allNodes: true", "net.example.com", "fabric", 1, 1, "[{name: nic-7}]");
-    let res = resolve(&snapshot(&text), &Selection { claims: vec!["nic".into()] });
+    let status = |share: &str, interface: &str| {
+        json!({"driver": "net.example.com", "pool": "fabric", "device": "nic-7", "shareID": share,
+            "networkData": {"interfaceName": interface}})
+    };
+    let objects = [
+        pod(),
+        claim("shared-nic")
+            .result("rdma", "net.example.com", "fabric", "nic-7")
+            .with(json!({"shareID": "s2"}))
+            .device_status(status("s1", "wrong"))
+            .device_status(status("s2", "right"))
+            .build(),
+        fabric(1, json!({})),
+    ];
+    let res = resolve(&snapshot(&objects), &Selection { claims: vec!["nic".into()] });
     let status = res.claims[0].devices[0].status.as_ref().unwrap();
     assert_eq!(status.interface_name.as_deref(), Some("right"));
 }
 
 #[test]
 fn consumed_capacity_is_named_like_capacity_and_kept_verbatim() {
-    let mut text = POD.to_string();
-    text += &claim(
-        "p-gpu-abc",
-        "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0, shareID: 7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6, consumedCapacity: {memory: 20Gi, example.com/bandwidth: '1.5e3', '../../escape': 1, 'a/b/c': 2}}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
-        "",
-    );
-    text += &slice(
-        "s",
-        "nodeName: n1",
-        "gpu.example.com",
-        "n1",
-        1,
-        1,
-        "[{name: g0, capacity: {memory: {value: 80Gi}}}, {name: g1}]",
-    );
-    let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+    let objects = [
+        pod(),
+        claim("p-gpu-abc")
+            .result("gpu", "gpu.example.com", "n1", "g0")
+            .with(json!({"shareID": "7f9c2d1e-0b3a-4c5d-8e6f-a1b2c3d4e5f6",
+                "consumedCapacity": {"memory": "20Gi", "example.com/bandwidth": "1.5e3", "../../escape": "1", "a/b/c": "2"}}))
+            .result("gpu", "gpu.example.com", "n1", "g1")
+            .build(),
+        gpu_slice("s", 1, 1)
+            .device("g0", json!({}))
+            .capacity(json!({"memory": {"value": "80Gi"}}))
+            .device("g1", json!({}))
+            .build(),
+    ];
+    let res = resolve(&snapshot(&objects), &Selection { claims: vec!["gpu".into()] });
     assert!(res.is_complete(), "{:?}", res.missing);
     let shared = &res.claims[0].devices[0];
     let consumed: Vec<(String, &str)> = shared.consumed.iter().map(|(k, v)| (k.to_string(), v.as_str())).collect();
@@ -218,37 +226,41 @@ fn consumed_capacity_is_named_like_capacity_and_kept_verbatim() {
 #[test]
 fn an_incomplete_newest_generation_leaves_the_last_complete_one_in_use() {
     // Generation 2 of pool n1 has 1 of its 2 slices: generation 1 (complete) counts.
-    let mut text = POD.to_string();
-    text += &claim(
-        "p-gpu-abc",
-        "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
-        "",
-    );
-    text +=
-        &slice("a-old", "nodeName: n1", "gpu.example.com", "n1", 1, 2, "[{name: g0, attributes: {v: {string: one}}}]");
-    text += &slice("b", "nodeName: n1", "gpu.example.com", "n1", 1, 2, "[{name: g1, attributes: {v: {string: one}}}]");
-    text += &slice("a", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g0, attributes: {v: {string: two}}}]");
+    let device = |slice: &str, generation: i64, device: &str, v: &str| {
+        gpu_slice(slice, generation, 2).device(device, json!({"v": s(v)})).build()
+    };
+    let mut objects = vec![
+        pod(),
+        claim("p-gpu-abc")
+            .result("gpu", "gpu.example.com", "n1", "g0")
+            .result("gpu", "gpu.example.com", "n1", "g1")
+            .build(),
+        device("a-old", 1, "g0", "one"),
+        device("b", 1, "g1", "one"),
+        device("a", 2, "g0", "two"),
+    ];
     let sel = Selection { claims: vec!["gpu".into()] };
-    let res = resolve(&snapshot(&text), &sel);
+    let res = resolve(&snapshot(&objects), &sel);
     assert!(res.is_complete(), "{:?}", res.missing);
     let v = QualifiedName::parse("v", "gpu.example.com").unwrap();
     let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
     assert_eq!(values, vec!["one", "one"], "one generation, the complete one");
     // The second slice of generation 2 arrives: generation 2 counts.
-    let text = text
-        + &slice("b2", "nodeName: n1", "gpu.example.com", "n1", 2, 2, "[{name: g1, attributes: {v: {string: two}}}]");
-    let res = resolve(&snapshot(&text), &sel);
+    objects.push(device("b2", 2, "g1", "two"));
+    let res = resolve(&snapshot(&objects), &sel);
     let values: Vec<String> = res.claims[0].devices.iter().map(|d| d.attributes[&v].value.to_text()).collect();
     assert_eq!(values, vec!["two", "two"]);
 }
 
 #[test]
 fn a_device_missing_from_the_generation_in_use_names_the_one_being_published() {
-    let mut text = POD.to_string();
-    text += &claim("p-gpu-abc", "[{request: gpu, driver: gpu.example.com, pool: n1, device: g9}]", "");
-    text += &slice("a", "nodeName: n1", "gpu.example.com", "n1", 1, 1, "[{name: g0}]");
-    text += &slice("b", "nodeName: n1", "gpu.example.com", "n1", 2, 3, "[{name: g9}]");
-    let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+    let objects = [
+        pod(),
+        claim("p-gpu-abc").result("gpu", "gpu.example.com", "n1", "g9").build(),
+        gpu_slice("a", 1, 1).device("g0", json!({})).build(),
+        gpu_slice("b", 2, 3).device("g9", json!({})).build(),
+    ];
+    let res = resolve(&snapshot(&objects), &Selection { claims: vec!["gpu".into()] });
     let message = res.missing[0].to_string();
     assert!(
         message.contains("pool n1 at generation 1 does not list it")
@@ -256,49 +268,66 @@ fn a_device_missing_from_the_generation_in_use_names_the_one_being_published() {
         "{message}"
     );
 }
-/// A pod that asks for extended resources backed by DRA: `setup` (init)
-/// and `a` share request 0 (the scheduler lets `a` reuse it), `a` has one
-/// more, `b` its own; `nic` is a second resource, by its implicit name.
-const EXTENDED_POD: &str = r#"
-kind: Pod
-metadata: {name: p, namespace: ns, uid: u1}
-spec:
-  nodeName: n1
-  initContainers:
-  - {name: setup, resources: {limits: {gpu.example.com/gpu: 1}}}
-  containers:
-  - {name: a, resources: {limits: {gpu.example.com/gpu: 2, deviceclass.resource.kubernetes.io/nic.example.com: 1}}}
-  - {name: b, resources: {limits: {gpu.example.com/gpu: 1}}}
-status:
-  extendedResourceClaimStatus:
-    resourceClaimName: p-extended-resources-x1
-    requestMappings:
-    - {containerName: setup, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}
-    - {containerName: a, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}
-    - {containerName: a, resourceName: gpu.example.com/gpu, requestName: container-1-request-1}
-    - {containerName: a, resourceName: deviceclass.resource.kubernetes.io/nic.example.com, requestName: container-1-request-0}
-    - {containerName: b, resourceName: gpu.example.com/gpu, requestName: container-2-request-0}
-"#;
+/// A pod that asks for extended resources backed by DRA, not yet scheduled:
+/// `setup` (init) and `a` share request 0 (the scheduler lets `a` reuse it),
+/// `a` has one more, `b` its own; `nic` is a second resource, by its implicit name.
+fn extended_pod() -> PodBuilder {
+    PodBuilder::new("ns", "p")
+        .uid("u1")
+        .init_container("setup", "i")
+        .limits(json!({"gpu.example.com/gpu": "1"}))
+        .container("a", "i")
+        .limits(json!({"gpu.example.com/gpu": "2", "deviceclass.resource.kubernetes.io/nic.example.com": "1"}))
+        .container("b", "i")
+        .limits(json!({"gpu.example.com/gpu": "1"}))
+}
 
-fn extended_fixture() -> String {
-    let mut text = EXTENDED_POD.to_string();
-    text += &claim(
-        "p-extended-resources-x1",
-        "[{request: container-0-request-0, driver: gpu.example.com, pool: n1, device: g0}, {request: container-1-request-1, driver: gpu.example.com, pool: n1, device: g1}, {request: container-1-request-0, driver: net.example.com, pool: n1, device: nic-0}, {request: container-2-request-0, driver: gpu.example.com, pool: n1, device: g2}]",
-        "",
-    );
-    text += &slice(
-        "g",
-        "nodeName: n1",
-        "gpu.example.com",
-        "n1",
-        1,
-        1,
-        "[{name: g0, attributes: {uuid: {string: G0}}}, {name: g1, attributes: {uuid: {string: G1}}}, {name: g2, attributes: {uuid: {string: G2}}}]",
-    );
-    text +=
-        &slice("n", "nodeName: n1", "net.example.com", "n1", 1, 1, "[{name: nic-0, attributes: {mac: {string: M}}}]");
-    text
+const EXTENDED_CLAIM: &str = "p-extended-resources-x1";
+
+/// The scheduler's mapping of `container`'s `resource` to a request of the claim.
+fn mapping(container: &str, resource: &str, request: &str) -> Value {
+    json!({"containerName": container, "resourceName": resource, "requestName": request})
+}
+
+/// [`extended_pod`] scheduled to n1, its extended resources in claim `claim`
+/// after the mappings `before` (a test's own) and the scheduler's.
+fn extended_pod_served(claim: &str, before: &[Value]) -> Value {
+    let gpu = "gpu.example.com/gpu";
+    let mut mappings = before.to_vec();
+    mappings.extend([
+        mapping("setup", gpu, "container-0-request-0"),
+        mapping("a", gpu, "container-0-request-0"),
+        mapping("a", gpu, "container-1-request-1"),
+        mapping("a", "deviceclass.resource.kubernetes.io/nic.example.com", "container-1-request-0"),
+        mapping("b", gpu, "container-2-request-0"),
+    ]);
+    extended_pod().node("n1").extended_status(json!({"resourceClaimName": claim, "requestMappings": mappings})).build()
+}
+
+/// `pod` with its extended resources' claim and the devices of both drivers.
+fn extended_fixture_of(pod: Value) -> Vec<Value> {
+    let gpu = |request, device| (request, "gpu.example.com", "n1", device);
+    let results = [
+        gpu("container-0-request-0", "g0"),
+        gpu("container-1-request-1", "g1"),
+        ("container-1-request-0", "net.example.com", "n1", "nic-0"),
+        gpu("container-2-request-0", "g2"),
+    ];
+    let claim = results.iter().fold(claim(EXTENDED_CLAIM), |c, (r, d, p, dev)| c.result(r, d, p, dev));
+    vec![
+        pod,
+        claim.build(),
+        gpu_slice("g", 1, 1)
+            .device("g0", json!({"uuid": s("G0")}))
+            .device("g1", json!({"uuid": s("G1")}))
+            .device("g2", json!({"uuid": s("G2")}))
+            .build(),
+        SliceBuilder::new("n", "net.example.com", "n1").node("n1").device("nic-0", json!({"mac": s("M")})).build(),
+    ]
+}
+
+fn extended_fixture() -> Vec<Value> {
+    extended_fixture_of(extended_pod_served(EXTENDED_CLAIM, &[]))
 }
 
 fn tree_of(res: &Resolution) -> Vec<(String, String)> {
@@ -364,15 +393,13 @@ fn extended_resources_in_the_standard_view_are_under_the_claims_own_requests() {
 
 #[test]
 fn extended_resources_wait_for_scheduling_and_say_when_dra_did_not_serve_them() {
-    let unscheduled = EXTENDED_POD.replace("  nodeName: n1\n", "");
-    let unscheduled = &unscheduled[..unscheduled.find("status:").unwrap()];
-    let res = resolve(&snapshot(unscheduled), &Selection::default());
+    let res = resolve(&snapshot(&[extended_pod().build()]), &Selection::default());
     assert_eq!(res.missing, vec![Missing::NotScheduled], "the scheduler has not chosen yet");
     assert!(res.warnings.is_empty(), "{:?}", res.warnings);
 
     // Scheduled without a status: a device plugin served them (or no DeviceClass names them).
-    let plugin = &EXTENDED_POD[..EXTENDED_POD.find("status:").unwrap()];
-    let res = resolve(&snapshot(plugin), &Selection::default());
+    let plugin = extended_pod().node("n1").build();
+    let res = resolve(&snapshot(&[plugin]), &Selection::default());
     assert!(res.is_complete(), "{:?}", res.missing);
     assert!(
         res.warnings.iter().any(|w| w.contains("none of its extended resources")
@@ -383,7 +410,7 @@ fn extended_resources_wait_for_scheduling_and_say_when_dra_did_not_serve_them() 
     );
 
     // The status names a claim not created (or not seen) yet: waited for.
-    let res = resolve(&snapshot(EXTENDED_POD), &Selection::default());
+    let res = resolve(&snapshot(&[extended_pod_served(EXTENDED_CLAIM, &[])]), &Selection::default());
     assert!(
         res.missing
             .iter()
@@ -406,43 +433,44 @@ fn extended_resources_are_selected_by_name() {
     assert!(matches!(&res.missing[..], [m @ Missing::UnknownExtendedResource { .. }] if m.is_permanent()));
     assert!(res.missing[0].to_string().contains("gpu.example.com/gpu"), "{}", res.missing[0]);
     // Before scheduling the name may still come: waited for.
-    let unscheduled = EXTENDED_POD.replace("  nodeName: n1\n", "");
-    let unscheduled = &unscheduled[..unscheduled.find("status:").unwrap()];
-    let res = resolve(&snapshot(unscheduled), &Selection { claims: vec!["nvidia.com/gpu".into()] });
+    let unscheduled = extended_pod().build();
+    let res = resolve(&snapshot(&[unscheduled]), &Selection { claims: vec!["nvidia.com/gpu".into()] });
     assert_eq!(res.missing, vec![Missing::NotScheduled]);
 }
 
 #[test]
 fn a_hostile_extended_status_never_reaches_the_tree() {
-    let hostile = extended_fixture()
-            .replace("    requestMappings:\n", "    requestMappings:\n    - {containerName: ghost, resourceName: gpu.example.com/gpu, requestName: container-0-request-0}\n    - {containerName: b, resourceName: '../../x', requestName: container-2-request-0}\n    - {containerName: b, resourceName: gpu.example.com/gpu, requestName: '../r'}\n");
+    let hostile = [
+        mapping("ghost", "gpu.example.com/gpu", "container-0-request-0"),
+        mapping("b", "../../x", "container-2-request-0"),
+        mapping("b", "gpu.example.com/gpu", "../r"),
+    ];
+    let hostile = extended_fixture_of(extended_pod_served(EXTENDED_CLAIM, &hostile));
     let res = resolve(&snapshot(&hostile), &Selection::default());
     assert_eq!(res.warnings.iter().filter(|w| w.contains("skipped")).count(), 3, "{:?}", res.warnings);
     let built = crate::model::tree::build(&res, &[]);
     assert!(built.tree.files().all(|(p, _)| !p.contains("ghost") && !p.contains("..")));
-    let bad_name =
-        extended_fixture().replace("resourceClaimName: p-extended-resources-x1", "resourceClaimName: '../etc'");
+    let bad_name = extended_fixture_of(extended_pod_served("../etc", &[]));
     let res = resolve(&snapshot(&bad_name), &Selection::default());
     assert!(res.missing.iter().any(|m| m.to_string().contains("not a ResourceClaim name")), "{:?}", res.missing);
 }
 #[test]
 fn admin_access_and_device_taints_are_served_per_device() {
-    let mut text = POD.to_string();
-    text += &claim(
-        "p-gpu-abc",
-        "[{request: gpu, driver: gpu.example.com, pool: n1, device: g0, adminAccess: true}, {request: gpu, driver: gpu.example.com, pool: n1, device: g1}]",
-        "",
-    );
-    text += &slice(
-        "s",
-        "nodeName: n1",
-        "gpu.example.com",
-        "n1",
-        1,
-        1,
-        "[{name: g0, taints: [{key: example.com/overheated, value: 'true', effect: NoSchedule}, {key: maintenance, effect: None}]}, {name: g1}]",
-    );
-    let res = resolve(&snapshot(&text), &Selection { claims: vec!["gpu".into()] });
+    let objects = [
+        pod(),
+        claim("p-gpu-abc")
+            .result("gpu", "gpu.example.com", "n1", "g0")
+            .with(json!({"adminAccess": true}))
+            .result("gpu", "gpu.example.com", "n1", "g1")
+            .build(),
+        gpu_slice("s", 1, 1)
+            .device("g0", json!({}))
+            .with(json!({"taints": [{"key": "example.com/overheated", "value": "true", "effect": "NoSchedule"},
+                {"key": "maintenance", "effect": "None"}]}))
+            .device("g1", json!({}))
+            .build(),
+    ];
+    let res = resolve(&snapshot(&objects), &Selection { claims: vec!["gpu".into()] });
     assert!(res.is_complete(), "{:?}", res.missing);
     let built = crate::model::tree::build(&res, &[]);
     let file = |p: &str| built.tree.get(p).map(|c| String::from_utf8_lossy(c).into_owned());
