@@ -136,15 +136,24 @@ fn serve_follows_with_one_watch_per_scope() {
             .await
             .unwrap();
         }
-        let mut watches: Vec<String> = api
-            .requests()
-            .iter()
-            .filter(|r| r.verb == "watch")
-            .map(|r| format!("{} {}", r.resource, r.field_selector))
-            .collect();
-        watches.sort();
+        let watches = || {
+            let mut watches: Vec<String> = api
+                .requests()
+                .iter()
+                .filter(|r| r.verb == "watch")
+                .map(|r| format!("{} {}", r.resource, r.field_selector))
+                .collect();
+            watches.sort();
+            watches
+        };
+        // Each watch is a request its own task sends: the slice's change can
+        // arrive before the pod's watch has reached the server.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while watches().len() < 3 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(
-            watches,
+            watches(),
             [
                 "pods metadata.name=allreduce-worker-3",
                 "resourceclaims metadata.name=allreduce-worker-3-nics-q8w4t",
