@@ -485,7 +485,16 @@ fn watches_closed_at_once_are_resumed_with_backoff() {
     api.set_watch_fault(WatchFault::CloseAtOnce);
     let env = Env::new(&api, "ml", "p", TOKEN);
     let (serve, seen) = reads_in_window_after_ready(&api, &env);
-    assert!(seen.iter().filter(|r| r.contains("watch")).count() >= 3, "closed watches are resumed: {seen:?}");
+    // Counted from the run's start, not from ready: a test thread that saw
+    // `.ready` late would miss the first resumes in its window.
+    let watches: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "watch")
+        .map(|r| format!("{} {}", r.resource, r.field_selector))
+        .collect();
+    let scopes: std::collections::BTreeSet<&String> = watches.iter().collect();
+    assert!(watches.len() - scopes.len() >= 3, "closed watches are resumed: {watches:?}, after ready: {seen:?}");
     assert_eq!(serve.read("gpu/gpu/0/uuid").as_deref(), Some("U0"));
 }
 
