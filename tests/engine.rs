@@ -56,6 +56,15 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
+/// The watches the server was asked for, in order: "resource field-selector".
+fn watch_requests(api: &TestApi) -> Vec<String> {
+    api.requests()
+        .iter()
+        .filter(|r| r.verb == "watch")
+        .map(|r| format!("{} {}", r.resource, r.field_selector))
+        .collect()
+}
+
 fn pod_ref(ns: &str, name: &str) -> PodRef {
     PodRef { namespace: ns.into(), name: name.into() }
 }
@@ -137,12 +146,7 @@ fn serve_follows_with_one_watch_per_scope() {
             .unwrap();
         }
         let watches = || {
-            let mut watches: Vec<String> = api
-                .requests()
-                .iter()
-                .filter(|r| r.verb == "watch")
-                .map(|r| format!("{} {}", r.resource, r.field_selector))
-                .collect();
+            let mut watches = watch_requests(&api);
             watches.sort();
             watches
         };
@@ -487,12 +491,7 @@ fn watches_closed_at_once_are_resumed_with_backoff() {
     let (serve, seen) = reads_in_window_after_ready(&api, &env);
     // Counted from the run's start, not from ready: a test thread that saw
     // `.ready` late would miss the first resumes in its window.
-    let watches: Vec<String> = api
-        .requests()
-        .iter()
-        .filter(|r| r.verb == "watch")
-        .map(|r| format!("{} {}", r.resource, r.field_selector))
-        .collect();
+    let watches = watch_requests(&api);
     let scopes: std::collections::BTreeSet<&String> = watches.iter().collect();
     assert!(watches.len() - scopes.len() >= 3, "closed watches are resumed: {watches:?}, after ready: {seen:?}");
     assert_eq!(serve.read("gpu/gpu/0/uuid").as_deref(), Some("U0"));

@@ -189,13 +189,17 @@ trait Fields: Sized {
         append(path.iter().fold(self.object(), |v, k| &mut v[*k]), item);
         self
     }
-}
 
-/// The fields of `fields` (an object) set in `object`.
-fn merge(object: &mut Value, fields: Value) {
-    let Value::Object(fields) = fields else { panic!("fields are a JSON object") };
-    for (k, v) in fields {
-        object[k.as_str()] = v;
+    /// The fields of `fields` (a JSON object) set in the last item of the
+    /// list at `path`.
+    fn merge_last(mut self, path: &[&str], fields: Value) -> Self {
+        let list = path.iter().fold(self.object(), |v, k| &mut v[*k]).as_array_mut();
+        let last = list.and_then(|l| l.last_mut()).unwrap_or_else(|| panic!("an item in {path:?} first"));
+        let Value::Object(fields) = fields else { panic!("fields are a JSON object") };
+        for (k, v) in fields {
+            last[k.as_str()] = v;
+        }
+        self
     }
 }
 
@@ -405,11 +409,8 @@ impl ClaimBuilder {
 
     /// The last result added has these fields too (a JSON object: `shareID`,
     /// `consumedCapacity`, `adminAccess`...).
-    pub fn with(mut self, fields: Value) -> Self {
-        let results = self.0["status"]["allocation"]["devices"]["results"].as_array_mut();
-        let last = results.and_then(|r| r.last_mut()).expect("a result first");
-        merge(last, fields);
-        self
+    pub fn with(self, fields: Value) -> Self {
+        self.merge_last(&RESULTS, fields)
     }
 
     /// A device's status as its driver writes it (a JSON object: `driver`,
@@ -485,10 +486,8 @@ impl SliceBuilder {
     }
 
     /// The last device added has these fields too (a JSON object: `taints`...).
-    pub fn with(mut self, fields: Value) -> Self {
-        let devices = self.0["spec"]["devices"].as_array_mut().unwrap();
-        merge(devices.last_mut().expect("a device first"), fields);
-        self
+    pub fn with(self, fields: Value) -> Self {
+        self.merge_last(&["spec", "devices"], fields)
     }
 }
 
