@@ -15,13 +15,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drafs::engine::collection::{FollowHealth, Trouble};
 use drafs::engine::shared::SharedSlices;
 use drafs::node::csi::Service;
 use drafs::node::grpc::{Code, Handler, Status};
 use drafs::node::metrics::{Census, NodeMetrics};
 use drafs::node::mounts::{AtTarget, Mounts};
 use drafs::node::node_pods;
+use drafs::node::places::{PENDING_HOLD, PlaceLimits};
 use drafs::node::proto::Writer;
+use drafs::node::request::TokenIn;
 use drafs::node::volumes::{Limits, Timing, Volumes};
 use drafs::publish::files::Room;
 use support::*;
@@ -64,8 +67,20 @@ struct Agent {
     kubelet: tempfile::TempDir,
 }
 
-const TIMING: Timing = Timing { watch_for: Duration::from_secs(120), refresh: Duration::from_secs(300) };
-const LIMITS: Limits = Limits { max_pods: 110, volume: Room { bytes: 4 << 20, inodes: 4096 } };
+const TIMING: Timing =
+    Timing { watch_for: Duration::from_secs(120), refresh: Duration::from_secs(300), pending_hold: PENDING_HOLD };
+const LIMITS: Limits = limits(110, 55);
+
+const fn limits(max_pods: usize, per_namespace: usize) -> Limits {
+    Limits { places: PlaceLimits { max_pods, per_namespace }, volume: Room { bytes: 4 << 20, inodes: 4096 } }
+}
+
+/// A second tenant: the example's pod again in namespace team-b, its own account and token.
+const NS_B: &str = "team-b";
+const TOKEN_B: &str = "team-b-token";
+const UID_B: &str = "8f3e4d5c-1b0a-4f9e-c3d4-e5f607182930";
+/// A pod with no claim at all, in ml.
+const UID_PLAIN: &str = "9a4f5e6d-2c1b-4a0f-d4e5-f60718293041";
 
 /// The agent's own account, with what `node.watchNodePods` grants it in the
 /// chart (the real node's tier checks the chart's own objects).
@@ -92,12 +107,15 @@ fn agent() -> Agent {
 fn agent_with(timing: Timing, limits: Limits) -> Agent {
     // kube's client starts its buffer task on the runtime.
     let _runtime = runtime().enter();
-    let api = TestApi::start(&format!("{}\n---\n{AGENT_RBAC}", rbac_yaml("ml")), "ml");
+    let api = TestApi::start(&format!("{}\n---\n{}\n---\n{AGENT_RBAC}", rbac_yaml("ml"), rbac_yaml(NS_B)), "ml");
     api.add_token(TOKEN, "system:serviceaccount:ml:drafs");
+    api.add_token(TOKEN_B, &format!("system:serviceaccount:{NS_B}:drafs"));
     api.add_token(AGENT_TOKEN, "system:serviceaccount:drafs-system:drafs-node");
     let example = read("examples/offline/gpu-training.yaml");
     api.load_yaml(&example);
     api.load_yaml(&example.replace("trainer-0", "trainer-1").replace(UID, UID_2));
+    api.load_yaml(&example.replace("namespace: ml", &format!("namespace: {NS_B}")).replace(UID, UID_B));
+    api.apply(PodBuilder::new("ml", "plain").uid(UID_PLAIN).node("gpu-node-7").container("app", "busybox").build());
     let kubelet = tempfile::tempdir().unwrap();
     let cluster = kube::Config::new(api.url().parse().unwrap());
     let mut own = cluster.clone();
@@ -119,6 +137,7 @@ fn agent_with(timing: Timing, limits: Limits) -> Agent {
         driver: "drafs.dev".into(),
         node_name: "gpu-node-7".into(),
         endpoint: "/csi.sock".into(),
+        token_in: TokenIn::VolumeContext,
         volumes,
         metrics,
     };
@@ -138,9 +157,22 @@ impl Agent {
         self.publish_volume("csi-1", ("trainer-0", UID), target, token, extra)
     }
 
-    /// A publish of volume `id` of pod `(name, uid)` as the kubelet makes it.
+    /// A publish of volume `id` of pod `(name, uid)` in ml as the kubelet makes it.
     fn publish_volume(
         &self,
+        id: &str,
+        pod: (&str, &str),
+        target: &Path,
+        token: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Vec<u8>, Status> {
+        self.publish_in("ml", id, pod, target, token, extra)
+    }
+
+    /// A publish of volume `id` of pod `(name, uid)` in `namespace` as the kubelet makes it.
+    fn publish_in(
+        &self,
+        namespace: &str,
         id: &str,
         (pod, uid): (&str, &str),
         target: &Path,
@@ -150,7 +182,7 @@ impl Agent {
         let mut context: BTreeMap<String, String> = [
             ("csi.storage.k8s.io/ephemeral", "true"),
             ("csi.storage.k8s.io/pod.name", pod),
-            ("csi.storage.k8s.io/pod.namespace", "ml"),
+            ("csi.storage.k8s.io/pod.namespace", namespace),
             ("csi.storage.k8s.io/pod.uid", uid),
         ]
         .iter()
@@ -184,18 +216,22 @@ impl Agent {
     }
 
     /// The node's pods followed with the agent's own account, as `--watch-node-pods` does.
-    fn watch_node_pods(&self) {
+    fn watch_node_pods(&self) -> Arc<FollowHealth> {
         let mut own = kube::Config::new(self.api.url().parse().unwrap());
         own.auth_info.token = Some(AGENT_TOKEN.to_string().into());
         let _runtime = runtime().enter();
         let client = kube::Client::try_from(own).unwrap();
         let volumes = self.service.volumes.clone();
-        runtime().spawn(node_pods::follow(client, "gpu-node-7".into(), move |uid| volumes.status_changed(uid)));
+        let health = Arc::new(FollowHealth::default());
+        let follow =
+            node_pods::follow(client, "gpu-node-7".into(), health.clone(), move |uid| volumes.status_changed(uid));
+        runtime().spawn(follow);
         // Listed: what changes from now on is a change.
         let watching = wait_for(Duration::from_secs(10), || {
             self.api.requests().iter().any(|r| r.verb == "watch" && r.path == "/api/v1/pods" && r.token == AGENT_TOKEN)
         });
         assert!(watching, "the node's pods are not watched: {:?}", self.api.requests());
+        health
     }
 
     /// Set the health the kubelet reports for the pod's GPU.
@@ -309,7 +345,7 @@ fn with_the_api_server_down_a_publish_says_what_it_waits_for_and_the_next_one_su
 #[test]
 fn a_refreshed_token_is_the_one_the_next_reads_carry() {
     // Every republish asks the pod and its claims again.
-    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::ZERO }, LIMITS);
+    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::ZERO, ..TIMING }, LIMITS);
     a.publish(TOKEN).expect("published");
     a.api.add_token("refreshed-token", "system:serviceaccount:ml:drafs");
     a.api.clear_requests();
@@ -346,16 +382,17 @@ fn a_second_volume_of_a_pod_is_refused_with_the_reason() {
 const STANDARD_FILE: &str = "resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json";
 
 /// `view: standard` is the KEP-5304 view instead of the tree: a volume of its
-/// own beside the pod's tree (one of each view per pod, each a place under
-/// --max-pods: a tmpfs each), live like the tree, leaving the files of the
-/// drivers named in `metadataFromDrivers` to them (an empty mount point, never written).
+/// own beside the pod's tree (one of each view per pod, a tmpfs each, both in
+/// the pod's one place under --max-pods), live like the tree, leaving the
+/// files of the drivers named in `metadataFromDrivers` to them (an empty
+/// mount point, never written).
 #[test]
 fn a_pod_reads_the_standard_view_from_a_second_volume() {
-    let a = agent_with(TIMING, Limits { max_pods: 2, ..LIMITS });
+    let a = agent_with(TIMING, limits(1, 1));
     a.publish(TOKEN).expect("the tree");
     let view = a.target_of(UID, "dra-metadata");
     a.publish_volume("csi-2", ("trainer-0", UID), &view, TOKEN, &[("view", "standard")])
-        .expect("the standard view: the second place under --max-pods");
+        .expect("the standard view: in the pod's one place under --max-pods 1");
     let text = std::fs::read_to_string(view.join(STANDARD_FILE)).unwrap();
     let first: serde_json::Value = serde_json::Deserializer::from_str(&text).into_iter().next().unwrap().unwrap();
     assert_eq!(first["apiVersion"], "metadata.resource.k8s.io/v1beta1", "{text}");
@@ -429,16 +466,82 @@ fn a_publish_refused_after_the_mount_leaves_nothing_mounted() {
 /// Beyond --max-pods a publish is refused (ResourceExhausted) until a pod goes.
 #[test]
 fn the_node_serves_at_most_max_pods() {
-    let a = agent_with(TIMING, Limits { max_pods: 1, ..LIMITS });
+    let a = agent_with(TIMING, limits(1, 1));
     a.publish(TOKEN).expect("published");
-    let other = a.target_of(UID_2, "dra");
-    let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).unwrap_err();
+    let other = a.target_of(UID_B, "dra");
+    let err = a.publish_in(NS_B, "csi-2", ("trainer-0", UID_B), &other, TOKEN_B, &[]).unwrap_err();
     assert_eq!(err.code, Code::ResourceExhausted);
-    assert!(err.message.contains("serves 1 volumes already") && err.message.contains("--max-pods"), "{}", err.message);
+    assert!(err.message.contains("serves 1 pods already") && err.message.contains("--max-pods"), "{}", err.message);
     assert!(!other.exists());
     a.unpublish().expect("unpublished");
-    a.publish_volume("csi-2", ("trainer-1", UID_2), &other, TOKEN, &[]).expect("served once the first pod went");
+    a.publish_in(NS_B, "csi-2", ("trainer-0", UID_B), &other, TOKEN_B, &[]).expect("served once the first pod went");
     assert_eq!(std::fs::read_to_string(other.join("gpu/gpu/0/uuid")).unwrap(), UUID);
+}
+
+/// One namespace holds at most its share of the node's places (half of
+/// --max-pods unless --max-pods-per-namespace says otherwise): another
+/// tenant's pod, its device allocated, is still served.
+#[test]
+fn one_namespace_cannot_take_every_place_of_the_node() {
+    let a = agent_with(TIMING, limits(2, 1));
+    a.publish(TOKEN).expect("ml's first pod");
+    let second = a.target_of(UID_2, "dra");
+    let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &second, TOKEN, &[]).unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted);
+    assert!(
+        err.message.contains("namespace ml") && err.message.contains("--max-pods-per-namespace"),
+        "{}",
+        err.message
+    );
+    assert!(!second.exists(), "nothing made for a refused pod");
+    let other = a.target_of(UID_B, "dra");
+    a.publish_in(NS_B, "csi-b", ("trainer-0", UID_B), &other, TOKEN_B, &[]).expect("another namespace finds room");
+    assert_eq!(std::fs::read_to_string(other.join("gpu/gpu/0/uuid")).unwrap(), UUID);
+}
+
+/// A pod with no claim at all is served its empty tree (`.ready`, nothing
+/// else) and holds no place once it is written: a republish needs neither a
+/// run nor a read.
+#[test]
+fn a_pod_without_claims_is_served_an_empty_tree_and_takes_no_place() {
+    let a = agent_with(TIMING, limits(1, 1));
+    let plain = a.target_of(UID_PLAIN, "dra");
+    a.publish_volume("csi-p", ("plain", UID_PLAIN), &plain, TOKEN, &[]).expect("served");
+    assert!(plain.join(".ready").exists());
+    let names: Vec<String> = std::fs::read_dir(&plain)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".."))
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with('.')), "no claim directory: {names:?}");
+    a.publish(TOKEN).expect("the only place is free for a pod with a device");
+    a.api.clear_requests();
+    a.publish_volume("csi-p", ("plain", UID_PLAIN), &plain, TOKEN, &[]).expect("republished");
+    assert_eq!(a.pod_and_claim_requests(), 0, "{:?}", a.api.requests());
+    assert!(a.mounts.0.lock().unwrap().contains(&plain), "its tree stays");
+}
+
+/// A volume whose tree is never ready (a required value that never comes)
+/// keeps its place while the kubelet keeps asking; once it has not asked for
+/// a while and the node is full, the place goes to another pod, and the
+/// stuck pod's volume is torn down (no container ever read it).
+#[test]
+fn a_volume_never_ready_gives_its_place_to_another_pod_once_the_kubelet_stops_asking() {
+    let hold = Duration::from_millis(500);
+    let a = agent_with(Timing { pending_hold: hold, ..TIMING }, limits(1, 1));
+    // The kubelet's deadline, less drafs's answer margin: a publish waits half a second.
+    *a.deadline.lock().unwrap() = Duration::from_millis(2500);
+    let stuck = a.target_of(UID_2, "dra");
+    let never = [("require", "gpu/gpu/0/noSuchAttribute")];
+    let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &stuck, TOKEN, &never).unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{}", err.message);
+    let served = wait_for(Duration::from_secs(10), || a.publish(TOKEN).is_ok());
+    assert!(served, "the stuck pod's place was not given to the pod that can be served");
+    assert!(!a.mounts.0.lock().unwrap().contains(&stuck), "the stuck volume's tmpfs is gone");
+    assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID);
+    // The stuck pod asks again: no place is free now, and it is told so.
+    let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &stuck, TOKEN, &never).unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{}", err.message);
 }
 
 /// The uid the kubelet sends is the pod's: a pod of the same name with
@@ -479,7 +582,7 @@ fn an_unpublish_for_another_target_is_refused_and_changes_nothing() {
 /// only then (a pod's other changes, and pods not served, poke nothing).
 #[test]
 fn a_health_change_past_the_watch_window_reaches_the_tree_through_the_node_pod_watch() {
-    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::from_secs(3600) }, LIMITS);
+    let a = agent_with(Timing { watch_for: Duration::ZERO, refresh: Duration::from_secs(3600), ..TIMING }, LIMITS);
     a.publish(TOKEN).expect("published");
     a.watch_node_pods();
     let health = a.target().join("gpu/gpu/0/.health");
@@ -514,6 +617,80 @@ fn a_health_change_past_the_watch_window_reaches_the_tree_through_the_node_pod_w
     let counted = wait_for(Duration::from_secs(10), || changes(&a).as_deref() != Some("1"));
     assert!(counted);
     assert_eq!(changes(&a).as_deref(), Some("2"), "only the served pod's health changes");
+}
+
+/// How long the agent's own lists and watches are counted under a fault.
+const WINDOW: Duration = Duration::from_secs(6);
+/// The most lists and watches of one collection the agent may make in
+/// [`WINDOW`] when the server breaks every watch: its backoff's first delays
+/// (1 s, 2 s, 4 s, each with up to 50 % more) allow 4 watches, each after a
+/// list when the watch failed or expired; without a backoff it made over a
+/// thousand a second.
+const MOST_IN_WINDOW: usize = 9;
+
+/// The agent's own lists and watches of `resource` (the node's slices, or its
+/// pods with the agent's token) since `from`, as "verb status".
+fn own_reads(a: &Agent, resource: &str, from: std::time::Instant) -> Vec<String> {
+    let own = |r: &&RequestRecord| match resource {
+        "pods" => r.token == AGENT_TOKEN,
+        _ => true,
+    };
+    a.api
+        .requests()
+        .iter()
+        .filter(|r| r.started >= from && r.resource == resource && matches!(r.verb.as_str(), "list" | "watch"))
+        .filter(own)
+        .map(|r| format!("{} {}", r.verb, r.status))
+        .collect()
+}
+
+/// The agent's watches (the node's slices, shared by the volumes; the node's
+/// pods) under a server that breaks every watch: each is
+/// resumed, after the runs' backoff, and the metrics count it by reason.
+fn own_watches_back_off(break_watches: impl Fn(&TestApi), reason: Trouble) {
+    let a = agent();
+    let from = std::time::Instant::now();
+    break_watches(&a.api);
+    a.publish(TOKEN).expect("published");
+    let pods = a.watch_node_pods();
+    while from.elapsed() < WINDOW {
+        for resource in ["resourceslices", "pods"] {
+            let seen = own_reads(&a, resource, from);
+            assert!(
+                seen.len() <= MOST_IN_WINDOW,
+                "{} {resource} requests in {:?}: {seen:?}",
+                seen.len(),
+                from.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for resource in ["resourceslices", "pods"] {
+        let seen = own_reads(&a, resource, from);
+        assert!(seen.iter().filter(|r| r.starts_with("watch")).count() >= 2, "{resource} watched again: {seen:?}");
+    }
+    let slices = a.slices.status();
+    let counted = |restarts: &[(Trouble, u64)]| restarts.iter().any(|(t, n)| *t == reason && *n >= 1);
+    assert!(counted(&slices[0].restarts), "{reason:?} counted for the slices: {slices:?}");
+    assert!(counted(&pods.restarts()), "{reason:?} counted for the pods: {:?}", pods.restarts());
+    assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID, "still served");
+}
+
+#[test]
+fn the_agents_watches_closed_at_once_are_resumed_with_backoff() {
+    own_watches_back_off(|api| api.set_watch_fault(WatchFault::CloseAtOnce), Trouble::CutShort);
+}
+
+#[test]
+fn the_agents_watches_answering_410_relist_with_backoff() {
+    own_watches_back_off(|api| api.set_watch_fault(WatchFault::Gone), Trouble::Expired);
+}
+
+#[test]
+fn the_agents_failing_watches_list_again_with_backoff() {
+    // 500, not 503: the kube client retries 503/429/504 by itself before reporting.
+    let fault = Fault { verb: Some("watch".into()), resource: None, status: 500, count: usize::MAX };
+    own_watches_back_off(|api| api.inject(fault.clone()), Trouble::WatchFailed);
 }
 
 /// The node's slice watch is shared while volumes use it, and stops with the last one.

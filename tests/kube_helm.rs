@@ -217,6 +217,7 @@ fn the_budget_follows_the_replicas_and_namespace_names_stay_strings() {
         ],
     );
     let policy = find(&docs, "NetworkPolicy");
+    assert_eq!(docs.iter().filter(|d| d["kind"] == "NetworkPolicy").count(), 1, "the agent's only with node.enabled");
     let names: Vec<&Value> = policy["spec"]["ingress"][1]["from"]
         .as_array()
         .unwrap()
@@ -226,6 +227,25 @@ fn the_budget_follows_the_replicas_and_namespace_names_stay_strings() {
     assert_eq!(names, vec![&json!("on"), &json!("123"), &json!("monitoring")]);
     restricted_namespace(cp, "drafs-system");
     let out = kubectl_apply(cp, std::slice::from_ref(policy), true);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The node agent: its probe port from anywhere (the kubelet's probes come
+    // from the node), its metrics port from the namespaces named, once it
+    // listens beyond the pod's loopback.
+    let policy_of = |extra: &[&str]| {
+        let mut args = vec!["--set", "networkPolicy.enabled=true", "--set", "node.enabled=true"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--set-json", r#"networkPolicy.metricsFromNamespaces=["monitoring"]"#]);
+        let docs = render(cp, &args);
+        docs.into_iter().find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "drafs-node").unwrap()
+    };
+    let agent = policy_of(&[]);
+    assert_eq!(agent["spec"]["policyTypes"], json!(["Ingress"]), "its API reads go out");
+    assert_eq!(agent["spec"]["ingress"], json!([{"ports": [{"port": 9808, "protocol": "TCP"}]}]));
+    let exposed = policy_of(&["--set", "node.metricsBindAddress=0.0.0.0"]);
+    let metrics = &exposed["spec"]["ingress"][1];
+    assert_eq!(metrics["ports"], json!([{"port": 9809, "protocol": "TCP"}]));
+    assert_eq!(metrics["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], "monitoring");
+    let out = kubectl_apply(cp, std::slice::from_ref(&exposed), true);
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
@@ -403,20 +423,46 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
         .map(|m| m["mountPath"].as_str().unwrap())
         .collect();
     assert_eq!(bidirectional, ["/var/lib/kubelet/pods"]);
+    // Probed on a port of their own; /metrics on the pod's loopback only, unless asked.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "healthz", "{probe}");
+    }
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["ports"], json!([{"name": "healthz", "containerPort": 9808}]));
     let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    for arg in ["--max-pods=110", "--volume-size=12Mi", "--metrics-addr=0.0.0.0:9809"] {
+    for arg in [
+        "--max-pods=110",
+        "--volume-size=12Mi",
+        "--health-addr=0.0.0.0:9808",
+        "--metrics-addr=127.0.0.1:9809",
+    ] {
         assert!(args.contains(&arg), "{arg} not in {args:?}");
     }
-    // Every volume's tmpfs at its largest (pages, and 1 KiB of kernel memory a file), and the agent.
-    assert_eq!(container["resources"]["limits"]["memory"], "1888Mi");
+    // The agent reads the token only where the CSIDriver has the kubelet put it.
+    let in_secrets = find(&docs, "CSIDriver")["spec"]["serviceAccountTokenInSecrets"] == json!(true);
+    let token_in = if in_secrets { "--token-in=secrets" } else { "--token-in=volume-context" };
+    assert!(args.contains(&token_in), "{token_in} not in {args:?}");
+    let pinned = render(&cp, &["--set", "node.enabled=true", "--kube-version", "1.34.0"]);
+    let args = &find(&pinned, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().unwrap().contains(&json!("--token-in=volume-context")), "1.34: {args}");
+    // Every pod's tmpfs at their largest (the tree's and the standard view's
+    // quarter: pages, and 1 KiB of kernel memory a file), and the agent; the
+    // request what was measured at the cap.
+    assert_eq!(container["resources"]["limits"]["memory"], "2328Mi");
+    assert_eq!(container["resources"]["requests"]["memory"], "346Mi");
     let sized =
         render(&cp, &["--set", "node.enabled=true", "--set", "node.maxPods=20", "--set", "node.volumeSizeMi=2"]);
-    assert_eq!(
-        find(&sized, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
-        "248Mi"
+    let resources = &find(&sized, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!((&resources["limits"]["memory"], &resources["requests"]["memory"]), (&json!("288Mi"), &json!("76Mi")));
+    let exposed = render(
+        &cp,
+        &["--set", "node.enabled=true", "--set", "node.metricsBindAddress=0.0.0.0", "--set", "node.maxPodsPerNamespace=8"],
     );
+    let container = &find(&exposed, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert!(container["ports"].as_array().unwrap().iter().any(|p| p["name"] == "metrics"), "{container}");
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert!(args.contains(&"--metrics-addr=0.0.0.0:9809") && args.contains(&"--max-pods-per-namespace=8"), "{args:?}");
     let given = render(&cp, &["--set", "node.enabled=true", "--set", "node.resources.limits.memory=300Mi"]);
     assert_eq!(
         find(&given, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
@@ -428,6 +474,7 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     let quota = render(&cp, &["--set", "node.enabled=true", "--set", "node.priorityClassQuota.enabled=true"]);
     let quota = find(&quota, "ResourceQuota");
     assert_eq!(quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"], json!(["system-node-critical"]));
+    assert_eq!(quota["spec"]["hard"]["pods"], "1G", "never fewer agents than nodes");
     // What the chart renders for this cluster's version, its API server takes.
     cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
     let version = format!("1.{}.0", controlplane::minor());

@@ -3,7 +3,7 @@
 //! The decisions are in [`crate::admission::decision`]; this is the I/O around them: a
 //! TLS listener whose certificate follows its files (cert-manager rotates
 //! them in place, and a renewal that is expired, not yet valid or not for
-//! `--dns-name` is refused: [`tls`]), bounded connections (`slots`) and
+//! `--dns-name` is refused: [`tls`]), bounded connections (`publish::slots`) and
 //! bodies, `POST /mutate`, `GET /healthz` and `GET /readyz` (`requests`),
 //! metrics ([`metrics`]), and a drain on shutdown (here, with the accept loop).
 //!
@@ -29,12 +29,11 @@ use crate::admission::policy::Defaults;
 
 pub mod metrics;
 mod requests;
-mod slots;
 pub mod tls;
 
+use crate::publish::slots::Slots;
 use metrics::WebhookMetrics;
 use requests::{LargeJob, handle, large_review_thread};
-use slots::Slots;
 pub use tls::CertError;
 use tls::{CertFiles, CurrentCert, follow_certs};
 
@@ -270,7 +269,7 @@ impl Webhook {
                 let freed = self.state.freed.notified();
                 tokio::pin!(freed);
                 freed.as_mut().enable();
-                if let Some(admitted) = self.state.slots().admit(Instant::now(), MAX_CONNECTIONS) {
+                if let Some(admitted) = self.state.slots().admit(peer.ip(), Instant::now(), MAX_CONNECTIONS) {
                     break admitted;
                 }
                 tokio::select! {
@@ -279,7 +278,7 @@ impl Webhook {
                 }
             };
             if let Some(evicted) = evicted {
-                evicted.notify_one();
+                evicted.close.notify_one();
                 self.state.metrics.evicted();
             }
             tokio::spawn(connection(

@@ -12,6 +12,7 @@ use crate::model::envvars::EnvSpec;
 use crate::model::names::is_dns_label;
 pub use crate::model::names::{parse_driver_name, parse_duration};
 use crate::model::tree::RequirePath;
+use crate::node::request::TokenIn;
 use crate::publish::events::EventsMode;
 
 /// What `drafs --version` says: the version of Cargo.toml (the release's,
@@ -121,11 +122,15 @@ pub struct NodeArgs {
     /// second, not at the refresh. Needs get, list and watch of pods for the agent (docs/node-mode.md).
     #[arg(long, env = "DRAFS_WATCH_NODE_PODS")]
     pub watch_node_pods: bool,
-    /// Volumes served at once (one per pod; two for a pod that also mounts the standard view); a pod
-    /// beyond is refused (ResourceExhausted) until one goes.
+    /// Pods served at once (a pod's tree and standard view share its place; a pod without claims
+    /// takes none); a pod beyond is refused (ResourceExhausted) until one goes.
     /// With --volume-size, it bounds the tmpfs memory charged to the agent (docs/node-mode.md).
     #[arg(long, env = "DRAFS_MAX_PODS", default_value_t = 110, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_pods: u32,
+    /// Pods of one namespace served at once, so that one tenant cannot take every place of the
+    /// node. Default: half of --max-pods.
+    #[arg(long, env = "DRAFS_MAX_PODS_PER_NAMESPACE", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_pods_per_namespace: Option<u32>,
     /// The largest tmpfs of a volume: its tree, the next one while it is swapped in, and the
     /// superseded ones kept for readers still inside them (12Mi: four 8-GPU trees of 2.1 MiB).
     /// A tree that outgrows it is refused.
@@ -138,6 +143,15 @@ pub struct NodeArgs {
     /// while both sockets are the agent's) over plain HTTP on this address; off by default.
     #[arg(long, env = "DRAFS_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where the kubelet puts the pod's service-account token, as the CSIDriver's
+    /// serviceAccountTokenInSecrets says (secrets: true, Kubernetes 1.35+); the other place is the pod's
+    /// own (its volumeAttributes, its nodePublishSecretRef), and a token there is never used.
+    #[arg(long, env = "DRAFS_TOKEN_IN", value_enum, default_value_t = TokenIn::VolumeContext, value_name = "WHERE")]
+    pub token_in: TokenIn,
+    /// Serve only /healthz and /readyz on this address, for the kubelet's probes (which must reach
+    /// it) while /metrics stays on --metrics-addr (which need not: e.g. 127.0.0.1); off by default.
+    #[arg(long, env = "DRAFS_HEALTH_ADDR", value_name = "ADDR")]
+    pub health_addr: Option<std::net::SocketAddr>,
 }
 
 /// `--csi-driver`, for the commands that name or recognize the volume of mode

@@ -10,6 +10,7 @@ use tracing::info;
 
 use crate::cmd::cli::NodeArgs;
 use crate::cmd::{Failure, Stop};
+use crate::engine::collection::FollowHealth;
 use crate::engine::shared::SharedSlices;
 use crate::node::agent::{self, Health, OwnSocket};
 use crate::node::credential::pooled_client;
@@ -17,9 +18,11 @@ use crate::node::csi::Service;
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
 use crate::node::node_pods;
+use crate::node::places::{PENDING_HOLD, PlaceLimits};
+use crate::node::request::TokenIn;
 use crate::node::volumes::{Limits, Timing, Volumes};
 use crate::publish::files::Room;
-use crate::publish::metrics;
+use crate::publish::metrics::{self, Paths};
 
 #[derive(Debug)]
 pub struct Config {
@@ -27,6 +30,7 @@ pub struct Config {
     pub kubelet_dir: PathBuf,
     pub driver: String,
     pub endpoint: PathBuf,
+    pub token_in: TokenIn,
     /// The registration socket the kubelet finds.
     pub registration: PathBuf,
     pub timing: Timing,
@@ -34,6 +38,7 @@ pub struct Config {
     pub watch_node_pods: bool,
     pub limits: Limits,
     pub metrics_addr: Option<std::net::SocketAddr>,
+    pub health_addr: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -52,14 +57,21 @@ impl Config {
             kubelet_dir: args.kubelet_dir.clone(),
             driver: args.driver_name.clone(),
             endpoint,
+            token_in: args.token_in,
             registration: registration_dir.join(format!("{}-reg.sock", args.driver_name)),
-            timing: Timing { refresh: args.refresh, watch_for: args.watch_for },
+            timing: Timing { refresh: args.refresh, watch_for: args.watch_for, pending_hold: PENDING_HOLD },
             watch_node_pods: args.watch_node_pods,
             limits: Limits {
-                max_pods: args.max_pods as usize,
+                places: PlaceLimits {
+                    max_pods: args.max_pods as usize,
+                    per_namespace: args
+                        .max_pods_per_namespace
+                        .map_or_else(|| PlaceLimits::default_share(args.max_pods as usize), |n| n as usize),
+                },
                 volume: Room { bytes: args.volume_size, inodes: args.volume_inodes },
             },
             metrics_addr: args.metrics_addr,
+            health_addr: args.health_addr,
         })
     }
 }
@@ -89,14 +101,18 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         SystemMounts,
         node_metrics.clone(),
     );
-    if c.watch_node_pods {
-        let volumes = volumes.clone();
-        tokio::spawn(node_pods::follow(own, c.node_name.clone(), move |uid| volumes.status_changed(uid)));
-    }
+    let node_pods = c.watch_node_pods.then(|| {
+        let (volumes, health) = (volumes.clone(), Arc::new(FollowHealth::default()));
+        let follow =
+            node_pods::follow(own, c.node_name.clone(), health.clone(), move |uid| volumes.status_changed(uid));
+        tokio::spawn(follow);
+        (c.node_name.clone(), health)
+    });
     let service = Arc::new(Service {
         driver: c.driver.clone(),
         node_name: c.node_name.clone(),
         endpoint: c.endpoint.clone(),
+        token_in: c.token_in,
         volumes: volumes.clone(),
         metrics: node_metrics.clone(),
     });
@@ -105,18 +121,21 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
     // The registration socket last: the kubelet calls the endpoint as soon as it finds it.
     let (registration, registration_listener) = bind(&c.registration)?;
     let (endpoint, registration) = (Arc::new(endpoint), Arc::new(registration));
-    if let Some(addr) = c.metrics_addr {
-        let listener = metrics::bind(addr).await.map_err(failed(format!("cannot serve metrics on {addr}")))?;
-        let health = Arc::new(Health {
-            metrics: node_metrics,
-            volumes: volumes.clone(),
-            slices,
-            sockets: [endpoint.clone(), registration.clone()],
-            limits: c.limits,
-        });
-        tokio::spawn(metrics::serve(listener, health));
+    let health = Arc::new(Health {
+        metrics: node_metrics,
+        volumes: volumes.clone(),
+        slices,
+        node_pods,
+        sockets: [endpoint.clone(), registration.clone()],
+        limits: c.limits,
+    });
+    for (addr, paths, what) in [(c.metrics_addr, Paths::All, "metrics"), (c.health_addr, Paths::Probes, "the probes")] {
+        if let Some(addr) = addr {
+            let listener = metrics::bind(addr).await.map_err(failed(format!("cannot serve {what} on {addr}")))?;
+            tokio::spawn(metrics::serve_paths(listener, health.clone(), paths));
+        }
     }
-    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), max_pods = c.limits.max_pods, watch_node_pods = c.watch_node_pods, "serving CSI volumes");
+    info!(driver = %c.driver, node = %c.node_name, endpoint = %c.endpoint.display(), max_pods = c.limits.places.max_pods, per_namespace = c.limits.places.per_namespace, watch_node_pods = c.watch_node_pods, "serving CSI volumes");
     let (signalled, signal) = tokio::sync::oneshot::channel();
     let sockets = agent::serve_sockets(
         service,

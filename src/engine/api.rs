@@ -1,8 +1,14 @@
-//! The API server's vocabulary for the engine: how a request failed, and
-//! how long the server keeps a watch open.
+//! The API server's vocabulary for the engine: how a request failed, how
+//! long the server keeps a watch open, and the metadata every object has.
+
+use std::time::Duration;
 
 use crate::engine::store::Scope;
 use crate::publish::call::CallError;
+
+/// A watch silent this long (no event, no bookmark, no close) is restarted:
+/// two and a half of the API server's bookmark periods (about a minute).
+pub const WATCH_IDLE: Duration = Duration::from_secs(150);
 
 /// The server closes each watch after a random time between these (as
 /// client-go's reflector asks: 5 to 10 minutes), and drafs resumes it from the
@@ -82,4 +88,21 @@ impl ApiError {
 /// How an error names a scope after its resource: " (field selector)".
 fn selector_text(scope: &Scope) -> String {
     format!(" ({})", scope.field_selector())
+}
+
+/// Name and resource version of an object, reading nothing else.
+pub(crate) fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default, rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Meta,
+    }
+    let object: Object = serde_json::from_str(raw).ok()?;
+    Some((object.metadata.name.unwrap_or_default(), object.metadata.resource_version))
 }

@@ -51,6 +51,8 @@ pub enum Progress {
     Waiting(Vec<String>),
     /// A ready tree is written (and served from then on, even when degraded).
     Published,
+    /// A ready tree is written, and the pod has no claim: it never changes.
+    NothingToServe,
     /// The run ended without a result.
     Failed(String),
 }
@@ -150,8 +152,8 @@ pub async fn drive_reporting(
 fn report(progress: &tokio::sync::watch::Sender<Progress>, reconciler: &Reconciler, outputs: Option<&Outputs>) {
     let written = outputs.is_some_and(|o| !o.is_writing() && o.retry_at().is_none());
     let now = if reconciler.phase().was_ever_ready() {
-        if written || progress.borrow().eq(&Progress::Published) {
-            Progress::Published
+        if written || matches!(*progress.borrow(), Progress::Published | Progress::NothingToServe) {
+            if reconciler.serves_nothing() { Progress::NothingToServe } else { Progress::Published }
         } else {
             return;
         }

@@ -12,18 +12,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kube::Client;
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::collection::{Collection, WatchChange};
-use crate::engine::source::object_meta;
+use crate::engine::api::{ApiError, object_meta};
+use crate::engine::collection::{Collection, FollowHealth, FollowReport, Followed, WatchChange};
 use crate::engine::store::Scope;
-use crate::model::backoff::RetryBackoff;
 
+const RESOURCE: &str = "resourceslices";
 /// Slices per list page (the hub holds them all anyway; pages bound one answer).
 const PAGE_SIZE: u32 = 64;
 
@@ -54,11 +52,17 @@ impl SliceSet {
     }
 }
 
+/// One shared scope: its sets, and how its follower fares.
+struct Hub {
+    tx: Arc<watch::Sender<Arc<SliceSet>>>,
+    health: Arc<FollowHealth>,
+}
+
 /// The shared scopes, each followed by one task from its first subscriber
 /// until its last one goes.
 pub struct SharedSlices {
     client: Client,
-    scopes: Mutex<HashMap<Scope, Arc<watch::Sender<Arc<SliceSet>>>>>,
+    scopes: Mutex<HashMap<Scope, Hub>>,
 }
 
 impl SharedSlices {
@@ -67,51 +71,49 @@ impl SharedSlices {
         Arc::new(SharedSlices { client, scopes: Mutex::new(HashMap::new()) })
     }
 
-    fn scopes(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Arc<watch::Sender<Arc<SliceSet>>>>> {
+    fn scopes(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Hub>> {
         self.scopes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The scope's sets, following it from now on if nobody did yet.
     pub fn subscribe(self: &Arc<Self>, scope: &Scope) -> watch::Receiver<Arc<SliceSet>> {
         let mut scopes = self.scopes();
-        if let Some(tx) = scopes.get(scope) {
-            return tx.subscribe();
+        if let Some(hub) = scopes.get(scope) {
+            return hub.tx.subscribe();
         }
         let (tx, rx) = watch::channel(Arc::new(SliceSet::default()));
-        let tx = Arc::new(tx);
-        scopes.insert(scope.clone(), tx.clone());
-        tokio::spawn(follow_while_subscribed(self.clone(), scope.clone(), tx));
+        let hub = Hub { tx: Arc::new(tx), health: Arc::default() };
+        tokio::spawn(follow_while_subscribed(self.clone(), scope.clone(), hub.tx.clone(), hub.health.clone()));
+        scopes.insert(scope.clone(), hub);
         rx
     }
 
-    /// The scopes followed now: each one's field selector, whether it was
-    /// listed, and whether it is failing.
-    pub fn status(&self) -> Vec<(String, bool, bool)> {
-        let mut out: Vec<_> = self
-            .scopes()
-            .iter()
-            .map(|(scope, tx)| {
-                let set = tx.borrow();
-                (scope.field_selector(), set.listed, set.error.is_some())
-            })
-            .collect();
-        out.sort();
+    /// The scopes followed now, by field selector.
+    pub fn status(&self) -> Vec<FollowReport> {
+        let mut out: Vec<_> =
+            self.scopes().iter().map(|(scope, hub)| hub.health.report(RESOURCE, scope.field_selector())).collect();
+        out.sort_by(|a, b| a.scope.cmp(&b.scope));
         out
     }
 }
 
 /// [`follow`] until the scope's last subscriber goes; then the scope is
 /// forgotten (a later subscriber starts it again).
-async fn follow_while_subscribed(hub: Arc<SharedSlices>, scope: Scope, tx: Arc<watch::Sender<Arc<SliceSet>>>) {
+async fn follow_while_subscribed(
+    hub: Arc<SharedSlices>,
+    scope: Scope,
+    tx: Arc<watch::Sender<Arc<SliceSet>>>,
+    health: Arc<FollowHealth>,
+) {
     loop {
         tokio::select! {
-            () = follow(hub.client.clone(), scope.clone(), &tx) => return,
+            () = follow(hub.client.clone(), scope.clone(), &tx, &health) => return,
             () = tx.closed() => {}
         }
         let mut scopes = hub.scopes();
         // A subscriber may have come between the last going and this lock.
         if tx.receiver_count() == 0 {
-            if scopes.get(&scope).is_some_and(|t| Arc::ptr_eq(t, &tx)) {
+            if scopes.get(&scope).is_some_and(|h| Arc::ptr_eq(&h.tx, &tx)) {
                 scopes.remove(&scope);
             }
             debug!(%scope, "shared slices: no subscriber left; stopped");
@@ -120,42 +122,47 @@ async fn follow_while_subscribed(hub: Arc<SharedSlices>, scope: Scope, tx: Arc<w
     }
 }
 
-/// List, then watch, then list again on any trouble, forever.
-async fn follow(client: Client, scope: Scope, tx: &watch::Sender<Arc<SliceSet>>) {
-    let mut retry = RetryBackoff::default();
-    let mut watches = 0u64;
-    let seed = crate::model::backoff::seed_of(&scope.to_string());
-    loop {
-        let (mut slices, mut resource_version) = match list(&client, &scope).await {
-            Ok(listed) => listed,
-            Err(error) => {
-                warn!(%scope, "shared slices: {error}");
-                publish(tx, |set| set.error = Some(error));
-                tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
-                continue;
-            }
-        };
-        retry.reset();
-        publish(tx, |set| {
-            set.listed = true;
-            set.error = None;
-            set.slices = std::mem::take(&mut slices);
-        });
-        // Watch from the list's version until it breaks or expires.
-        loop {
-            watches += 1;
-            let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
-            match watch_once(&client, &scope, &resource_version, seconds, tx).await {
-                Ok(Some(last)) => resource_version = last,
-                Ok(None) => break,
-                Err(error) => {
-                    debug!(%scope, "shared slices: {error}; listing again");
-                    tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
-                    break;
+/// List, then watch, under the followers' backoff ([`Collection::follow`]), forever.
+async fn follow(client: Client, scope: Scope, tx: &watch::Sender<Arc<SliceSet>>, health: &FollowHealth) {
+    let mut listing = BTreeMap::new();
+    collection(&scope)
+        .follow(&client, PAGE_SIZE, health, |seen| {
+            match seen {
+                Followed::Listing(raw) => {
+                    let name = name_of(raw).ok_or("a slice without a name")?;
+                    listing.insert(name, Arc::from(raw));
+                }
+                Followed::Listed => {
+                    let slices = std::mem::take(&mut listing);
+                    publish(tx, |set| {
+                        set.listed = true;
+                        set.error = None;
+                        set.slices = slices;
+                    });
+                }
+                Followed::Changed(change) => {
+                    let (WatchChange::Put(raw) | WatchChange::Deleted(raw)) = change;
+                    let name = name_of(raw).ok_or("a slice without a name")?;
+                    match change {
+                        WatchChange::Put(raw) => publish(tx, |set| {
+                            set.slices.insert(name, Arc::from(raw));
+                        }),
+                        WatchChange::Deleted(_) => publish(tx, |set| {
+                            set.slices.remove(&name);
+                        }),
+                    }
+                }
+                Followed::Failing(error) => {
+                    listing.clear();
+                    // Runs waiting for the first list are told; listed, they keep the last set.
+                    if !tx.borrow().listed {
+                        publish(tx, |set| set.error = Some(error.clone()));
+                    }
                 }
             }
-        }
-    }
+            Ok(())
+        })
+        .await
 }
 
 /// Change the current set with `f` and publish the result as a new set.
@@ -175,48 +182,9 @@ fn publish(tx: &watch::Sender<Arc<SliceSet>>, f: impl FnOnce(&mut SliceSet)) {
 fn collection(scope: &Scope) -> Collection {
     Collection {
         url: "/apis/resource.k8s.io/v1/resourceslices",
-        resource: "resourceslices",
+        resource: RESOURCE,
         field_selector: scope.field_selector(),
     }
-}
-
-/// Every slice of the scope, and the list's resource version.
-async fn list(client: &Client, scope: &Scope) -> Result<(BTreeMap<String, Arc<str>>, String), ApiError> {
-    let mut slices = BTreeMap::new();
-    let resource_version = collection(scope)
-        .list(client, PAGE_SIZE, |raw| {
-            let name = name_of(raw).ok_or("a slice without a name")?;
-            slices.insert(name, Arc::from(raw));
-            Ok(())
-        })
-        .await?;
-    Ok((slices, resource_version))
-}
-
-/// One watch: each change published; the last version seen when the server
-/// closed it (None: expired, list again).
-async fn watch_once(
-    client: &Client,
-    scope: &Scope,
-    resource_version: &str,
-    seconds: u32,
-    tx: &watch::Sender<Arc<SliceSet>>,
-) -> Result<Option<String>, ApiError> {
-    collection(scope)
-        .watch(client, resource_version, seconds, |change| {
-            let (WatchChange::Put(raw) | WatchChange::Deleted(raw)) = change;
-            let name = name_of(raw).ok_or("a slice without a name")?;
-            match change {
-                WatchChange::Put(raw) => publish(tx, |set| {
-                    set.slices.insert(name, Arc::from(raw));
-                }),
-                WatchChange::Deleted(_) => publish(tx, |set| {
-                    set.slices.remove(&name);
-                }),
-            }
-            Ok(())
-        })
-        .await
 }
 
 fn name_of(raw: &str) -> Option<String> {

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::engine::PodRef;
-use crate::engine::api::{ApiError, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
+use crate::engine::api::{ApiError, WATCH_IDLE, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN, object_meta};
 use crate::engine::drive::Feed;
 use crate::engine::reconcile::{Action, Input};
 use crate::engine::shared::{SharedSlices, SliceSet};
@@ -41,9 +41,6 @@ use crate::model::slices::{self, DeviceFilter, RawEvent, RawList};
 use crate::publish::call::{CallError, REQUEST_TIMEOUT, bounded};
 use crate::publish::metrics::Metrics;
 
-/// A watch silent this long (no event, no bookmark, no close) is restarted:
-/// two and a half of the API server's bookmark periods (about a minute).
-pub const WATCH_IDLE: Duration = Duration::from_secs(150);
 /// Objects per list page: a page of slices (at most 128 devices each) is what
 /// memory holds at once, so pages are small; more pages only cost round trips.
 pub const PAGE_SIZE: u32 = 4;
@@ -689,23 +686,6 @@ impl ScopeContext {
             _ => Event::Skip,
         }
     }
-}
-
-/// Name and resource version of an object, reading nothing else.
-pub(crate) fn object_meta(raw: &str) -> Option<(String, Option<String>)> {
-    #[derive(serde::Deserialize)]
-    struct Meta {
-        #[serde(default)]
-        name: Option<String>,
-        #[serde(default, rename = "resourceVersion")]
-        resource_version: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Object {
-        metadata: Meta,
-    }
-    let object: Object = serde_json::from_str(raw).ok()?;
-    Some((object.metadata.name.unwrap_or_default(), object.metadata.resource_version))
 }
 
 /// The cluster's credentials cannot be found.

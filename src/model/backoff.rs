@@ -93,6 +93,19 @@ impl WatchBackoff {
     }
 }
 
+/// A watch that ends with no change sooner than this was cut short (drafs
+/// asks for at least 5 minutes, `engine::api::WATCH_SECONDS_MIN`: a proxy or
+/// a restarting server closed it): resumed only after a delay, like any
+/// other trouble.
+pub const WATCH_CUT_SHORT: Duration = Duration::from_secs(30);
+
+/// Whether a watch that the server closed after `lasted`, having reported
+/// `changes`, was cut short: the one rule for the runs' watches and the node
+/// agent's.
+pub fn cut_short(lasted: Duration, changes: usize) -> bool {
+    changes == 0 && lasted < WATCH_CUT_SHORT
+}
+
 /// The `timeoutSeconds` of the `n`th watch of a run seeded with `seed`:
 /// uniform in `[min, max)`. Pure (the caller picks the seed), so a test can
 /// check the spread.

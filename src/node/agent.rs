@@ -19,11 +19,13 @@ use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::engine::collection::FollowHealth;
 use crate::engine::shared::SharedSlices;
 use crate::node::csi::Service;
 use crate::node::grpc;
 use crate::node::metrics::{Census, NodeMetrics};
 use crate::node::mounts::Mounts;
+use crate::node::node_pods;
 use crate::node::volumes::{Limits, Volumes};
 use crate::publish::metrics::Exposition;
 
@@ -93,6 +95,8 @@ pub struct Health<M: Mounts> {
     pub metrics: Arc<NodeMetrics>,
     pub volumes: Arc<Volumes<M>>,
     pub slices: Arc<SharedSlices>,
+    /// The node's pods' watch (`--watch-node-pods`), if the agent keeps one.
+    pub node_pods: Option<(String, Arc<FollowHealth>)>,
     pub sockets: [Arc<OwnSocket>; 2],
     pub limits: Limits,
 }
@@ -101,7 +105,10 @@ impl<M: Mounts> Health<M> {
     fn census(&self) -> Census {
         let (_, failing_runs) = self.volumes.census();
         let tmpfs_bytes = self.volumes.targets().iter().filter_map(|t| used_bytes(t)).sum();
-        let slice_watches = self.slices.status();
+        let mut watches = self.slices.status();
+        if let Some((node, health)) = &self.node_pods {
+            watches.push(health.report("pods", node_pods::field_selector(node)));
+        }
         let sockets = self.sockets.iter().find_map(|s| match s.state() {
             SocketState::Ours => None,
             SocketState::Missing => {
@@ -109,7 +116,7 @@ impl<M: Mounts> Health<M> {
             }
             SocketState::Replaced => Some(format!("{} is another process's (a newer agent?)", s.path.display())),
         });
-        Census { max_pods: self.limits.max_pods, failing_runs, tmpfs_bytes, slice_watches, sockets }
+        Census { max_pods: self.limits.places.max_pods, failing_runs, tmpfs_bytes, watches, sockets }
     }
 }
 

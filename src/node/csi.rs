@@ -14,7 +14,7 @@ use crate::node::grpc::{Code, Handler, Status};
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::Mounts;
 use crate::node::proto::{self, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, RegistrationStatus, Writer};
-use crate::node::request::Publish;
+use crate::node::request::{Publish, TokenIn};
 use crate::node::volumes::{PUBLISH_WAIT, Volumes};
 
 /// The CSI versions drafs speaks (the kubelet asks at registration).
@@ -28,6 +28,8 @@ pub struct Service<M: Mounts> {
     pub node_name: String,
     /// The CSI endpoint, as the kubelet is told at registration.
     pub endpoint: PathBuf,
+    /// Where the kubelet puts the pod's token (the CSIDriver's setting).
+    pub token_in: TokenIn,
     pub volumes: Arc<Volumes<M>>,
     pub metrics: Arc<NodeMetrics>,
 }
@@ -88,7 +90,7 @@ impl<M: Mounts> Service<M> {
     async fn publish(&self, message: &[u8], timeout: Option<Duration>) -> Result<(), Status> {
         let req = NodePublishVolumeRequest::decode(message)
             .map_err(|e| Status::new(Code::InvalidArgument, format!("malformed NodePublishVolume request: {e}")))?;
-        let publish = Publish::check(&req, self.volumes.kubelet_dir(), &self.driver).map_err(|e| {
+        let publish = Publish::check(&req, self.volumes.kubelet_dir(), &self.driver, self.token_in).map_err(|e| {
             let pod = |key: &str| req.volume_context.get(key).map_or("?", String::as_str);
             let pod = format!("{}/{}", pod("csi.storage.k8s.io/pod.namespace"), pod("csi.storage.k8s.io/pod.name"));
             warn!(%pod, volume = %req.volume_id, "publish refused: {e}");

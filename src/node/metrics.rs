@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::engine::collection::FollowReport;
 use crate::node::grpc::Code;
 use crate::publish::prometheus::{Kind, Text};
 
@@ -26,6 +27,12 @@ pub struct NodeMetrics {
     pods: AtomicU64,
     /// Device-status changes of served pods the node's pod watch passed on.
     status_changes: AtomicU64,
+    /// Places held: (serving, pending).
+    places: Mutex<(usize, usize)>,
+    /// Pods refused a place, by reason (node_full, namespace_share).
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+    /// Places never ready taken back for another pod.
+    reclaimed: AtomicU64,
     registered: AtomicBool,
     registration_error: Mutex<Option<String>>,
 }
@@ -38,8 +45,8 @@ pub struct Census {
     pub failing_runs: usize,
     /// Bytes used in the volumes' tmpfs mounts.
     pub tmpfs_bytes: u64,
-    /// Each shared slice watch: its scope, listed at least once, failing now.
-    pub slice_watches: Vec<(String, bool, bool)>,
+    /// The agent's own watches: the shared slice scopes, the node's pods.
+    pub watches: Vec<FollowReport>,
     /// Why a socket is not the agent's (missing, or another agent's), if one is not.
     pub sockets: Option<String>,
 }
@@ -90,6 +97,21 @@ impl NodeMetrics {
         self.pods.store(pods as u64, Ordering::Relaxed);
     }
 
+    /// The places held now: (serving, pending).
+    pub fn places(&self, counts: (usize, usize)) {
+        *lock(&self.places) = counts;
+    }
+
+    /// A pod was refused a place for `reason`.
+    pub fn refused(&self, reason: &'static str) {
+        *lock(&self.refused).entry(reason).or_default() += 1;
+    }
+
+    /// Places that were never ready were taken back for another pod.
+    pub fn reclaimed(&self, n: usize) {
+        self.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// A served pod's device status changed (`--watch-node-pods`): its volumes read it again.
     pub fn status_changed(&self) {
         self.status_changes.fetch_add(1, Ordering::Relaxed);
@@ -120,6 +142,32 @@ impl NodeMetrics {
             });
         }
         None
+    }
+
+    /// The agent's own watches: up, restarts by reason, the delay waited now.
+    fn render_watches(&self, out: &mut Text, watches: &[FollowReport]) {
+        let name = "drafs_node_watch_up";
+        out.family(name, Kind::Gauge, "1 while the agent's watch of a collection is listed and not failing.");
+        for w in watches {
+            out.sample(name, &[("resource", w.resource), ("scope", &w.scope)], u8::from(w.up));
+        }
+        let name = "drafs_node_watch_restarts_total";
+        out.family(
+            name,
+            Kind::Counter,
+            "Lists and watches of the agent's own started again after trouble, by reason (list_failed, watch_failed, expired, cut_short), each after a backoff.",
+        );
+        for w in watches {
+            for (trouble, n) in &w.restarts {
+                out.sample(name, &[("resource", w.resource), ("scope", &w.scope), ("reason", trouble.name())], n);
+            }
+        }
+        let name = "drafs_node_watch_backoff_seconds";
+        out.family(name, Kind::Gauge, "The delay an agent's watch waits now before its next request (0: none).");
+        for w in watches {
+            let seconds = format!("{:.3}", w.backoff.as_secs_f64());
+            out.sample(name, &[("resource", w.resource), ("scope", &w.scope)], seconds);
+        }
     }
 
     /// The Prometheus text exposition.
@@ -162,11 +210,26 @@ impl NodeMetrics {
             "Device-status changes of served pods seen by the node's pod watch (--watch-node-pods) and passed to their volumes.",
             self.status_changes.load(Ordering::Relaxed),
         );
+        out.single("drafs_node_max_pods", Kind::Gauge, "Pods the agent serves at most (--max-pods).", census.max_pods);
+        let (serving, pending) = *lock(&self.places);
+        let name = "drafs_node_places";
+        out.family(name, Kind::Gauge, "Places held under --max-pods: serving (a ready tree written) or pending.");
+        out.sample(name, &[("state", "serving")], serving);
+        out.sample(name, &[("state", "pending")], pending);
+        let name = "drafs_node_places_refused_total";
+        out.family(
+            name,
+            Kind::Counter,
+            "Publishes refused a place, by reason (node_full: --max-pods; namespace_share: --max-pods-per-namespace).",
+        );
+        for (reason, n) in lock(&self.refused).iter() {
+            out.sample(name, &[("reason", reason)], n);
+        }
         out.single(
-            "drafs_node_max_pods",
-            Kind::Gauge,
-            "Volumes the agent serves at most (--max-pods).",
-            census.max_pods,
+            "drafs_node_places_reclaimed_total",
+            Kind::Counter,
+            "Places whose tree was never ready, taken back for another pod when the node was full.",
+            self.reclaimed.load(Ordering::Relaxed),
         );
         out.single(
             "drafs_node_failing_runs",
@@ -180,11 +243,7 @@ impl NodeMetrics {
             "Bytes used in the volumes' tmpfs mounts.",
             census.tmpfs_bytes,
         );
-        let name = "drafs_node_slice_watch_up";
-        out.family(name, Kind::Gauge, "1 while the shared watch of a scope of slices is listed and not failing.");
-        for (scope, listed, failing) in &census.slice_watches {
-            out.sample(name, &[("scope", scope)], u8::from(*listed && !*failing));
-        }
+        self.render_watches(&mut out, &census.watches);
         out.single(
             "drafs_node_registered",
             Kind::Gauge,
@@ -198,6 +257,7 @@ impl NodeMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::collection::Trouble;
 
     #[test]
     fn calls_latency_and_state_are_exposed() {
@@ -206,7 +266,13 @@ mod tests {
             max_pods: 110,
             failing_runs: 2,
             tmpfs_bytes: 8192,
-            slice_watches: vec![("spec.nodeName=n1".into(), true, false)],
+            watches: vec![FollowReport {
+                resource: "resourceslices",
+                scope: "spec.nodeName=n1".into(),
+                up: true,
+                restarts: vec![(Trouble::CutShort, 3), (Trouble::Expired, 0)],
+                backoff: Duration::from_millis(2500),
+            }],
             ..Default::default()
         };
         assert_eq!(m.unready_reason(&census).unwrap(), "the kubelet has not confirmed the registration yet");
@@ -222,6 +288,9 @@ mod tests {
         m.published(Some(Code::ResourceExhausted), Duration::from_micros(40));
         m.unpublished(None);
         m.served(3, 2);
+        m.places((2, 1));
+        m.refused("namespace_share");
+        m.reclaimed(1);
         m.status_changed();
         let text = m.render(&census);
         for line in [
@@ -237,7 +306,13 @@ mod tests {
             "drafs_node_pods 2\n",
             "drafs_node_status_changes_total 1\n",
             "drafs_node_max_pods 110\n",
-            "drafs_node_slice_watch_up{scope=\"spec.nodeName=n1\"} 1\n",
+            "drafs_node_places{state=\"serving\"} 2\n",
+            "drafs_node_places{state=\"pending\"} 1\n",
+            "drafs_node_places_refused_total{reason=\"namespace_share\"} 1\n",
+            "drafs_node_places_reclaimed_total 1\n",
+            "drafs_node_watch_up{resource=\"resourceslices\",scope=\"spec.nodeName=n1\"} 1\n",
+            "drafs_node_watch_restarts_total{resource=\"resourceslices\",scope=\"spec.nodeName=n1\",reason=\"cut_short\"} 3\n",
+            "drafs_node_watch_backoff_seconds{resource=\"resourceslices\",scope=\"spec.nodeName=n1\"} 2.500\n",
             "drafs_node_registered 1\n",
             "drafs_node_failing_runs 2\n",
             "drafs_node_tmpfs_bytes 8192\n",

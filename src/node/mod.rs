@@ -6,7 +6,8 @@
 //!
 //! Owns: the wire format (`proto`, pure), unary gRPC on a Unix socket
 //! (`grpc`, with `authority`: the fix for the kubelet's registration client), the kubelet's services (`csi`), a publish request checked
-//! (`request`, pure), the mounts (`mounts`, behind a trait), the published
+//! (`request`, pure), the mounts (`mounts`, behind a trait), who holds the
+//! node's places (`places`, pure), the published
 //! volumes with their runs (`volumes`, reading as each pod through
 //! `credential`), the agent's sockets and health (`agent`, `metrics`), and the node's pods
 //! watched for device-status changes (`node_pods`, opt-in).
@@ -21,6 +22,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod mounts;
 pub mod node_pods;
+pub mod places;
 pub mod proto;
 pub mod request;
 pub mod volumes;

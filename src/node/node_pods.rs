@@ -10,16 +10,14 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::time::Duration;
+use std::sync::Arc;
 
 use kube::Client;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::engine::api::{WATCH_SECONDS_MAX, WATCH_SECONDS_MIN};
-use crate::engine::collection::{Collection, WatchChange};
-use crate::model::backoff::RetryBackoff;
+use crate::engine::collection::{Collection, FollowHealth, Followed, WatchChange};
 
 /// Pods per list page.
 const PAGE_SIZE: u32 = 100;
@@ -128,71 +126,51 @@ pub fn mark_of(raw: &str) -> Result<PodMark, String> {
     Ok(PodMark { uid: pod.metadata.uid, mark: hasher.finish() })
 }
 
+/// The field selector of the node's pods.
+pub fn field_selector(node: &str) -> String {
+    format!("spec.nodeName={node}")
+}
+
 /// The node's pods as a collection.
 fn collection(node: &str) -> Collection {
-    Collection { url: "/api/v1/pods", resource: "pods", field_selector: format!("spec.nodeName={node}") }
+    Collection { url: "/api/v1/pods", resource: "pods", field_selector: field_selector(node) }
 }
 
 /// Follow the node's pods forever with the agent's `client`, calling
-/// `changed` with the uid of each pod whose device status changed.
-pub async fn follow(client: Client, node: String, changed: impl Fn(&str)) {
-    let collection = collection(&node);
+/// `changed` with the uid of each pod whose device status changed; `health`
+/// counts the watch's trouble (it backs off as the runs' watches do).
+pub async fn follow(client: Client, node: String, health: Arc<FollowHealth>, changed: impl Fn(&str)) {
     let mut marks = StatusMarks::default();
-    let mut retry = RetryBackoff::default();
-    let seed = crate::model::backoff::seed_of(&collection.field_selector);
-    let mut watches = 0u64;
-    loop {
-        let mut listed = Vec::new();
-        let list = collection.list(&client, PAGE_SIZE, |raw| {
-            // One pod the agent cannot read is skipped, not the node's others.
-            match mark_of(raw) {
-                Ok(pod) => listed.push(pod),
-                Err(e) => warn!("node pods: {e}"),
-            }
-            Ok(())
-        });
-        let mut resource_version = match list.await {
-            Ok(rv) => rv,
-            Err(error) => {
-                warn!("node pods: {error}; device health reaches volumes at their refresh until it heals");
-                tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
-                continue;
-            }
-        };
-        retry.reset();
-        for uid in marks.relisted(listed) {
-            changed(&uid);
-        }
-        info!(pods = marks.len(), "node pods: watching");
-        loop {
-            watches += 1;
-            let seconds = crate::model::backoff::watch_timeout(seed, watches, WATCH_SECONDS_MIN, WATCH_SECONDS_MAX);
-            let watched = collection.watch(&client, &resource_version, seconds, |change| {
-                match change {
-                    WatchChange::Put(raw) => match mark_of(raw) {
-                        Ok(pod) if marks.put(&pod) => changed(&pod.uid),
-                        Ok(_) => {}
-                        Err(e) => warn!("node pods: {e}"),
-                    },
-                    WatchChange::Deleted(raw) => {
-                        if let Ok(pod) = mark_of(raw) {
-                            marks.delete(&pod.uid);
-                        }
+    let mut listing = Vec::new();
+    collection(&node)
+        .follow(&client, PAGE_SIZE, &health, |seen| {
+            match seen {
+                // One pod the agent cannot read is skipped, not the node's others.
+                Followed::Listing(raw) => match mark_of(raw) {
+                    Ok(pod) => listing.push(pod),
+                    Err(e) => warn!("node pods: {e}"),
+                },
+                Followed::Listed => {
+                    for uid in marks.relisted(std::mem::take(&mut listing)) {
+                        changed(&uid);
+                    }
+                    info!(pods = marks.len(), "node pods: watching");
+                }
+                Followed::Changed(WatchChange::Put(raw)) => match mark_of(raw) {
+                    Ok(pod) if marks.put(&pod) => changed(&pod.uid),
+                    Ok(_) => {}
+                    Err(e) => warn!("node pods: {e}"),
+                },
+                Followed::Changed(WatchChange::Deleted(raw)) => {
+                    if let Ok(pod) = mark_of(raw) {
+                        marks.delete(&pod.uid);
                     }
                 }
-                Ok(())
-            });
-            match watched.await {
-                Ok(Some(last)) => resource_version = last,
-                Ok(None) => break,
-                Err(error) => {
-                    debug!("node pods: {error}; listing again");
-                    tokio::time::sleep(retry.next().unwrap_or(Duration::from_secs(5))).await;
-                    break;
-                }
+                Followed::Failing(_) => listing.clear(),
             }
-        }
-    }
+            Ok(())
+        })
+        .await
 }
 
 #[cfg(test)]

@@ -91,9 +91,10 @@ pub enum RequestError {
     #[error("the request does not say which pod ({0} is missing): the CSIDriver {1} needs `podInfoOnMount: true`")]
     NoPodInfo(&'static str, String),
     #[error(
-        "the request carries no service-account token for the API server: the CSIDriver {0} needs `tokenRequests: [{{audience: \"\"}}]`"
+        "the request carries no service-account token for the API server in its {1}: the CSIDriver {0} needs `tokenRequests: [{{audience: \"\"}}]`{hint}",
+        hint = .1.hint()
     )]
-    NoToken(String),
+    NoToken(String, TokenIn),
     #[error("the service-account tokens the kubelet sent are not valid JSON: {0}")]
     BadTokens(String),
     #[error("volume ids and pod names must be non-empty text without control characters or '/'")]
@@ -114,10 +115,53 @@ pub enum RequestError {
     RequirePrepared(String),
 }
 
+/// Where the kubelet puts the pod's token: the CSIDriver's
+/// `serviceAccountTokenInSecrets` decides (KEP-5538, 1.35+), and the agent
+/// is told the same (`drafs node --token-in`, which the chart sets from the
+/// value it gives the CSIDriver). The other place is the tenant's to fill
+/// (`volumeAttributes`, or the secrets of the pod's `nodePublishSecretRef`):
+/// a token there is never used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TokenIn {
+    /// The request's volume context (`serviceAccountTokenInSecrets` unset or false).
+    #[default]
+    VolumeContext,
+    /// The request's secrets (`serviceAccountTokenInSecrets: true`).
+    Secrets,
+}
+
+impl TokenIn {
+    fn hint(self) -> &'static str {
+        match self {
+            TokenIn::VolumeContext => {
+                " (drafs node --token-in=volume-context: the CSIDriver must not set serviceAccountTokenInSecrets)"
+            }
+            TokenIn::Secrets => {
+                " and `serviceAccountTokenInSecrets: true` (drafs node --token-in=secrets; Kubernetes 1.35+)"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for TokenIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TokenIn::VolumeContext => "volume context",
+            TokenIn::Secrets => "secrets",
+        })
+    }
+}
+
 impl Publish {
     /// Check a publish for the kubelet whose root directory is `kubelet_dir`
-    /// (the CSIDriver is `driver`, named in the messages).
-    pub fn check(req: &NodePublishVolumeRequest, kubelet_dir: &Path, driver: &str) -> Result<Publish, RequestError> {
+    /// (the CSIDriver is `driver`, named in the messages, and puts the pod's
+    /// token where `token_in` says).
+    pub fn check(
+        req: &NodePublishVolumeRequest,
+        kubelet_dir: &Path,
+        driver: &str,
+        token_in: TokenIn,
+    ) -> Result<Publish, RequestError> {
         let ctx = &req.volume_context;
         if ctx.get(EPHEMERAL).map(String::as_str) != Some("true") {
             return Err(RequestError::NotEphemeral);
@@ -139,9 +183,12 @@ impl Publish {
             }
         }
         let target = check_target(&req.target_path, kubelet_dir, &pod_uid)?;
-        // In the request's secrets when the CSIDriver asks for that (KEP-5538), else in its context.
-        let tokens = req.secrets.get(TOKENS).or_else(|| ctx.get(TOKENS));
-        let token = api_token(tokens.map(String::as_str), driver)?;
+        // Only where the kubelet puts it: what is in the other place, the tenant wrote.
+        let tokens = match token_in {
+            TokenIn::Secrets => req.secrets.get(TOKENS),
+            TokenIn::VolumeContext => ctx.get(TOKENS),
+        };
+        let token = api_token(tokens.map(String::as_str), driver, token_in)?;
         let (selection, require, view) = options(ctx)?;
         Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require, view })
     }
@@ -181,19 +228,19 @@ pub fn volume_dir_pod<'a>(kubelet_dir: &Path, target: &'a str) -> Option<&'a str
 }
 
 /// The token for the API server's own audience (`""` in `tokenRequests`).
-fn api_token(tokens: Option<&str>, driver: &str) -> Result<String, RequestError> {
+fn api_token(tokens: Option<&str>, driver: &str, token_in: TokenIn) -> Result<String, RequestError> {
     #[derive(serde::Deserialize)]
     struct Token {
         token: String,
     }
-    let Some(tokens) = tokens else { return Err(RequestError::NoToken(driver.into())) };
+    let Some(tokens) = tokens else { return Err(RequestError::NoToken(driver.into(), token_in)) };
     let tokens: BTreeMap<String, Token> =
         serde_json::from_str(tokens).map_err(|e| RequestError::BadTokens(e.to_string()))?;
     tokens
         .get("")
         .map(|t| t.token.clone())
         .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
-        .ok_or_else(|| RequestError::NoToken(driver.into()))
+        .ok_or_else(|| RequestError::NoToken(driver.into(), token_in))
 }
 
 fn options(ctx: &BTreeMap<String, String>) -> Result<(Selection, Vec<RequirePath>, View), RequestError> {
@@ -266,7 +313,7 @@ mod tests {
     }
 
     fn check(req: &NodePublishVolumeRequest) -> Result<Publish, RequestError> {
-        Publish::check(req, Path::new(KUBELET), "drafs.dev")
+        Publish::check(req, Path::new(KUBELET), "drafs.dev", TokenIn::VolumeContext)
     }
 
     #[test]
@@ -286,8 +333,35 @@ mod tests {
         let mut req = request();
         let tokens = req.volume_context.remove(TOKENS).unwrap();
         req.secrets.insert(TOKENS.into(), tokens);
-        assert_eq!(check(&req).unwrap().token, "eyJ.a.b");
+        let p = Publish::check(&req, Path::new(KUBELET), "drafs.dev", TokenIn::Secrets).unwrap();
+        assert_eq!(p.token, "eyJ.a.b");
         assert!(!format!("{req:?}").contains("eyJ"), "the request's secrets stay out of logs");
+    }
+
+    /// The place the kubelet does not use is the tenant's: the secrets of the
+    /// pod's `nodePublishSecretRef`, or its `volumeAttributes`. A token there
+    /// is never used, even where the kubelet's is missing.
+    #[test]
+    fn a_token_the_tenant_put_in_the_other_place_is_never_used() {
+        let tenant = r#"{"":{"token":"TENANT-CHOSEN-TOKEN"}}"#;
+        // Without serviceAccountTokenInSecrets: the kubelet's is in the context; the secrets are the pod's.
+        let mut req = request();
+        req.secrets.insert(TOKENS.into(), tenant.into());
+        assert_eq!(check(&req).unwrap().token, "eyJ.a.b");
+        req.volume_context.remove(TOKENS);
+        let err = check(&req).unwrap_err();
+        assert_eq!(err, RequestError::NoToken("drafs.dev".into(), TokenIn::VolumeContext));
+        assert!(err.to_string().contains("--token-in=volume-context"), "{err}");
+        // With it: the kubelet's is in the secrets; the context's is the pod's volumeAttributes.
+        let mut req = request();
+        let kubelets = req.volume_context.insert(TOKENS.into(), tenant.into()).unwrap();
+        req.secrets.insert(TOKENS.into(), kubelets);
+        let secrets =
+            |req: &NodePublishVolumeRequest| Publish::check(req, Path::new(KUBELET), "drafs.dev", TokenIn::Secrets);
+        assert_eq!(secrets(&req).unwrap().token, "eyJ.a.b");
+        req.secrets.clear();
+        let err = secrets(&req).unwrap_err();
+        assert!(err.to_string().contains("serviceAccountTokenInSecrets: true"), "{err}");
     }
 
     #[test]
@@ -351,11 +425,15 @@ mod tests {
         assert!(check(&req).unwrap_err().to_string().contains("tokenRequests"));
         let mut req = request();
         req.volume_context.insert(TOKENS.into(), r#"{"vault":{"token":"x"}}"#.into());
-        assert_eq!(check(&req), Err(RequestError::NoToken("drafs.dev".into())));
+        assert_eq!(check(&req), Err(RequestError::NoToken("drafs.dev".into(), TokenIn::VolumeContext)));
         req.volume_context.insert(TOKENS.into(), "{".into());
         assert!(matches!(check(&req), Err(RequestError::BadTokens(_))));
         req.volume_context.insert(TOKENS.into(), r#"{"":{"token":"a\nb"}}"#.into());
-        assert_eq!(check(&req), Err(RequestError::NoToken("drafs.dev".into())), "a token that cannot be a header");
+        assert_eq!(
+            check(&req),
+            Err(RequestError::NoToken("drafs.dev".into(), TokenIn::VolumeContext)),
+            "a token that cannot be a header"
+        );
     }
 
     #[test]

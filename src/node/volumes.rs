@@ -11,14 +11,18 @@
 //! as it is, so the tree stays readable meanwhile.
 //!
 //! One tenant must not cost another its service: a pod gets one volume of each
-//! view (the tree, the standard view), the node serves at most [`Limits::max_pods`] volumes (and no other volume of a pod
-//! whose volume was unpublished: it is being deleted), each tmpfs is as large as
-//! [`Limits::volume`] allows, and no lock is held across slow work for more
-//! than one volume (the node-wide table is held only to look a volume up).
+//! view (the tree, the standard view), both in one place under the node's
+//! cap and its namespace's share ([`Places`]: a pod with no claim gives its
+//! place back, one never ready makes room when the node is full), no other
+//! volume of a pod whose volume was unpublished (it is being deleted), each
+//! tmpfs is as large as [`Limits::room`] allows, and no lock is held across
+//! slow work for more than one volume (the node-wide table is held only to
+//! look a volume up).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
@@ -34,6 +38,7 @@ use crate::node::credential::{PodToken, client_as};
 use crate::node::grpc::{Code, Status};
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::{AtTarget, Mounts};
+use crate::node::places::{PlaceLimits, Places, Taken};
 use crate::node::request::{Publish, View, volume_dir_pod};
 use crate::publish::events::EventsMode;
 use crate::publish::files::{DirTurns, Room, WriteError};
@@ -52,13 +57,24 @@ const ENDED_MEMORY: Duration = Duration::from_secs(300);
 /// What the node serves at most, whatever its pods ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Volumes served at once (a pod's tree, and its standard view if it asks
-    /// for one); more are refused with
-    /// `ResourceExhausted` until one goes.
-    pub max_pods: usize,
-    /// Each volume's tmpfs: bytes and inodes (the tree, the next one during a
+    /// Pods served at once, and of one namespace ([`Places`]): more are
+    /// refused with `ResourceExhausted` until one goes.
+    pub places: PlaceLimits,
+    /// Each tree's tmpfs: bytes and inodes (the tree, the next one during a
     /// swap, and the superseded ones kept for readers).
     pub volume: Room,
+}
+
+impl Limits {
+    /// The tmpfs of a volume of `view`: the tree's is [`Limits::volume`]; the
+    /// standard view's a quarter of it (one file per request, replaced in
+    /// place: nothing superseded is kept).
+    pub fn room(&self, view: &View) -> Room {
+        match view {
+            View::Tree => self.volume,
+            View::Standard { .. } => Room { bytes: self.volume.bytes / 4, inodes: (self.volume.inodes / 4).max(64) },
+        }
+    }
 }
 
 /// When a volume's run asks for its pod and claims.
@@ -69,6 +85,10 @@ pub struct Timing {
     pub watch_for: Duration,
     /// then asked again at a republish at most this often.
     pub refresh: Duration,
+    /// A place whose tree was never ready is kept this long after the
+    /// kubelet last asked for it, when another pod needs it
+    /// ([`crate::node::places::PENDING_HOLD`]).
+    pub pending_hold: Duration,
 }
 
 /// A volume's run.
@@ -111,6 +131,10 @@ struct Slot {
     /// Asks the slot's run, whichever it is, to read its pod and claims again
     /// (once its own watches are parked).
     poke: watch::Sender<u64>,
+    /// Its pod's place was given to another pod: it is being torn down.
+    reclaimed: AtomicBool,
+    /// Its tree is final (the pod has no claim): served without a run or a place.
+    settled: AtomicBool,
     state: tokio::sync::Mutex<SlotState>,
 }
 
@@ -131,10 +155,11 @@ impl Slot {
 }
 
 /// The node-wide table.
-#[derive(Default)]
 struct Table {
     /// Every published volume, by volume id.
     slots: HashMap<String, Arc<Slot>>,
+    /// Who holds the node's places (a pod's volumes share one).
+    places: Places,
     /// Pods whose volume was unpublished lately, by pod uid.
     ended: HashMap<String, Ended>,
 }
@@ -148,10 +173,18 @@ struct Ended {
 }
 
 impl Table {
-    /// Report the volumes served, and the pods they belong to.
+    /// Report the volumes served, the pods they belong to, and the places held.
     fn report(&self, metrics: &NodeMetrics) {
         let pods: std::collections::HashSet<&str> = self.slots.values().map(|s| s.pod_uid.as_str()).collect();
         metrics.served(self.slots.len(), pods.len());
+        metrics.places(self.places.counts());
+    }
+
+    /// Give `uid`'s place back if none of its volumes is left.
+    fn release_if_unused(&mut self, uid: &str) {
+        if !self.slots.values().any(|s| s.pod_uid == uid) {
+            self.places.release(uid);
+        }
     }
 
     /// Remember that `slot`'s volume was unpublished, forgetting what is older than [`ENDED_MEMORY`].
@@ -216,7 +249,11 @@ impl<M: Mounts> Volumes<M> {
             limits,
             mounts,
             metrics,
-            table: std::sync::Mutex::new(Table::default()),
+            table: std::sync::Mutex::new(Table {
+                slots: HashMap::new(),
+                places: Places::new(limits.places, timing.pending_hold),
+                ended: HashMap::new(),
+            }),
         })
     }
 
@@ -232,15 +269,22 @@ impl<M: Mounts> Volumes<M> {
     pub async fn publish(&self, p: Publish, wait: Duration) -> Result<(), Status> {
         let span = info_span!("volume", pod = %format!("{}/{}", p.pod.namespace, p.pod.name), volume = %p.volume_id);
         async {
-            let progress = loop {
-                let slot = self.slot_for(&p)?;
+            let (slot, progress, call) = loop {
+                let (slot, call, reclaimed) = self.slot_for(&p)?;
+                self.tear_down(reclaimed).await;
                 let mut state = slot.state.lock().await;
                 if state.gone {
                     // Unpublished while this call waited: look the volume up again.
                     continue;
                 }
+                if slot.reclaimed.load(Ordering::Acquire) {
+                    return Err(reclaimed_status());
+                }
+                if slot.settled.load(Ordering::Acquire) {
+                    return Ok(());
+                }
                 match self.serve(&slot, &mut state, &p) {
-                    Ok(progress) => break progress,
+                    Ok(progress) => break (slot.clone(), progress, call),
                     Err(e) => {
                         if state.turns.is_none() && state.run.is_none() {
                             // Nothing was made for it: it holds no place.
@@ -251,26 +295,79 @@ impl<M: Mounts> Volumes<M> {
                     }
                 }
             };
-            wait_published(progress, wait).await
+            let answer = wait_published(progress, wait).await;
+            if let Some(mut call) = call {
+                call.served = answer.is_ok();
+            }
+            if answer == Ok(Published::NothingToServe) {
+                self.settle(&slot).await;
+            }
+            answer.map(|_| ())
         }
         .instrument(span)
         .await
     }
 
-    /// The slot of `p`'s volume: found, or added if the pod has no other
-    /// volume of its view (now or lately) and the node serves fewer than [`Limits::max_pods`] volumes.
-    fn slot_for(&self, p: &Publish) -> Result<Arc<Slot>, Status> {
+    /// The pod has no claim: its tree is final. The run stops, the tree
+    /// stays, and the pod's place is given back.
+    async fn settle(&self, slot: &Arc<Slot>) {
+        let mut state = slot.state.lock().await;
+        if state.gone || slot.settled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(run) = state.run.take() {
+            run.stop().await;
+        }
+        info!("the pod has no claim: its (empty) tree is final, served without a run or a place under --max-pods");
         let mut table = self.table();
-        let slots = &table.slots;
-        if let Some(slot) = slots.get(&p.volume_id) {
+        table.places.release(&slot.pod_uid);
+        table.report(&self.metrics);
+    }
+
+    /// Tear down the volumes of pods whose places were given to another:
+    /// their trees were never ready (no container reads them), and the
+    /// kubelet publishes them again later.
+    async fn tear_down(&self, pods: Taken) {
+        for uid in pods {
+            let slots: Vec<Arc<Slot>> = self.table().slots.values().filter(|s| s.pod_uid == uid).cloned().collect();
+            for slot in slots {
+                let mut state = slot.state.lock().await;
+                if let Some(run) = state.run.take() {
+                    run.stop().await;
+                }
+                state.turns = None;
+                state.gone = true;
+                if let Err(e) = self.remove_target(&slot.target) {
+                    warn!(pod = %slot.pod, volume = %slot.volume_id, "its place was given to another pod, but: {}", e.message);
+                }
+                self.forget(&slot, false);
+                info!(pod = %slot.pod, volume = %slot.volume_id, "its tree was never ready and the kubelet had not asked for it for {} s: its place went to another pod", self.timing.pending_hold.as_secs_f64());
+            }
+        }
+    }
+
+    /// The slot of `p`'s volume: found, or added if the pod has no other
+    /// volume of its view (now or lately); with the pod's place, kept or
+    /// taken (a settled slot needs none), and the pods whose places were
+    /// taken back for it.
+    fn slot_for(&self, p: &Publish) -> Result<SlotFor<'_, M>, Status> {
+        let mut table = self.table();
+        if let Some(slot) = table.slots.get(&p.volume_id).cloned() {
             if slot.target != p.target {
                 let target = slot.target.display();
                 return Err(Status::new(Code::AlreadyExists, format!("volume published already at {target}")));
             }
-            return Ok(slot.clone());
+            if slot.reclaimed.load(Ordering::Acquire) {
+                return Err(reclaimed_status());
+            }
+            if slot.settled.load(Ordering::Acquire) {
+                return Ok((slot, None, Vec::new()));
+            }
+            let (call, taken) = self.place_call(&mut table, p)?;
+            return Ok((slot, Some(call), taken));
         }
         let view = p.view.name();
-        if let Some(other) = slots.values().find(|s| s.pod_uid == p.pod_uid && s.view == view) {
+        if let Some(other) = table.slots.values().find(|s| s.pod_uid == p.pod_uid && s.view == view) {
             return Err(Status::new(
                 Code::FailedPrecondition,
                 format!(
@@ -281,17 +378,7 @@ impl<M: Mounts> Volumes<M> {
             ));
         }
         table.refuse_after_end(p, Instant::now())?;
-        // Volumes are what is capped (a pod with both views takes two places):
-        // each has a tmpfs of its own, and the agent's memory limit counts tmpfs.
-        if table.slots.len() >= self.limits.max_pods {
-            return Err(Status::new(
-                Code::ResourceExhausted,
-                format!(
-                    "drafs on this node serves {} volumes already, its limit (drafs node --max-pods, a pod with the standard view counting twice); the pod waits until another one goes",
-                    table.slots.len()
-                ),
-            ));
-        }
+        let (call, taken) = self.place_call(&mut table, p)?;
         let slot = Arc::new(Slot {
             volume_id: p.volume_id.clone(),
             target: p.target.clone(),
@@ -299,11 +386,30 @@ impl<M: Mounts> Volumes<M> {
             pod: format!("{}/{}", p.pod.namespace, p.pod.name),
             view,
             poke: watch::Sender::new(0),
+            reclaimed: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             state: Default::default(),
         });
         table.slots.insert(p.volume_id.clone(), slot.clone());
         table.report(&self.metrics);
-        Ok(slot)
+        Ok((slot, Some(call), taken))
+    }
+
+    /// A call on `p`'s pod's place ([`Places::call`]): the pods whose
+    /// places were taken back are marked for their tear-down at once.
+    fn place_call(&self, table: &mut Table, p: &Publish) -> Result<(PlaceCall<'_, M>, Taken), Status> {
+        let taken = table.places.call(&p.pod_uid, &p.pod.namespace, Instant::now()).map_err(|refusal| {
+            self.metrics.refused(refusal.reason());
+            Status::new(Code::ResourceExhausted, refusal.to_string())
+        })?;
+        for slot in table.slots.values().filter(|s| taken.contains(&s.pod_uid)) {
+            slot.reclaimed.store(true, Ordering::Release);
+        }
+        if !taken.is_empty() {
+            self.metrics.reclaimed(taken.len());
+        }
+        table.report(&self.metrics);
+        Ok((PlaceCall { volumes: self, uid: p.pod_uid.clone(), served: false }, taken))
     }
 
     /// Take `slot` out of the table, if it is still the one there, and
@@ -312,6 +418,7 @@ impl<M: Mounts> Volumes<M> {
         let mut table = self.table();
         if table.slots.get(&slot.volume_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
             table.slots.remove(&slot.volume_id);
+            table.release_if_unused(&slot.pod_uid);
             if unpublished {
                 table.ended(slot, Instant::now());
             }
@@ -325,7 +432,7 @@ impl<M: Mounts> Volumes<M> {
         let turns = match &state.turns {
             Some(turns) => turns.clone(),
             None => {
-                let made = self.mount(&p.target)?;
+                let made = self.mount(&p.target, self.limits.room(&p.view))?;
                 let turns = DirTurns::take(&p.target).inspect_err(|_| {
                     if made {
                         // Nothing may stay of a refused publish: the kubelet does not unpublish after a final error.
@@ -504,7 +611,7 @@ impl<M: Mounts> Volumes<M> {
     }
 
     /// A tmpfs of drafs's at `target`: made (true), or found (the agent restarted).
-    fn mount(&self, target: &Path) -> Result<bool, Status> {
+    fn mount(&self, target: &Path, room: Room) -> Result<bool, Status> {
         match self.mounts.at(target).map_err(|e| internal("read the mount table", target, e))? {
             AtTarget::Ours => Ok(false),
             AtTarget::Foreign => Err(Status::new(
@@ -513,9 +620,7 @@ impl<M: Mounts> Volumes<M> {
             )),
             AtTarget::Nothing => {
                 std::fs::create_dir_all(target).map_err(|e| internal("create", target, e))?;
-                self.mounts
-                    .mount_tmpfs(target, self.limits.volume)
-                    .map_err(|e| internal("mount a tmpfs at", target, e))?;
+                self.mounts.mount_tmpfs(target, room).map_err(|e| internal("mount a tmpfs at", target, e))?;
                 Ok(true)
             }
         }
@@ -587,12 +692,22 @@ fn internal(op: &str, path: &Path, e: std::io::Error) -> Status {
     Status::new(Code::Internal, format!("cannot {op} {}: {e}", path.display()))
 }
 
+/// How a publish was answered with a ready tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Published {
+    /// Live from here on.
+    Live,
+    /// The pod has no claim: the (empty) tree is final.
+    NothingToServe,
+}
+
 /// Until the run has written a ready tree, it failed, or `wait` passed.
-async fn wait_published(mut progress: watch::Receiver<Progress>, wait: Duration) -> Result<(), Status> {
+async fn wait_published(mut progress: watch::Receiver<Progress>, wait: Duration) -> Result<Published, Status> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match &*progress.borrow_and_update() {
-            Progress::Published => return Ok(()),
+            Progress::Published => return Ok(Published::Live),
+            Progress::NothingToServe => return Ok(Published::NothingToServe),
             Progress::Failed(message) => {
                 return Err(Status::new(Code::Unavailable, format!("drafs cannot serve the pod's devices: {message}")));
             }
@@ -611,6 +726,36 @@ async fn wait_published(mut progress: watch::Receiver<Progress>, wait: Duration)
     Err(Status::new(Code::Unavailable, format!("drafs is waiting for the pod's devices: {waiting}")))
 }
 
+/// The answer to a publish of a pod whose place went to another pod.
+fn reclaimed_status() -> Status {
+    Status::new(
+        Code::Unavailable,
+        "drafs gave this pod's place to another pod while the node was full: its tree was never ready and the kubelet had stopped asking for it a while; it takes a place again at the next call if one is free",
+    )
+}
+
+/// A volume's slot, the call on its pod's place (none for a settled slot),
+/// and the pods whose places were taken back for it.
+type SlotFor<'a, M> = (Arc<Slot>, Option<PlaceCall<'a, M>>, Taken);
+
+/// A publish call on a pod's place, counted until it is dropped
+/// ([`Places::call_ended`]): a place is never taken back while a call on
+/// it is under way.
+struct PlaceCall<'a, M: Mounts> {
+    volumes: &'a Volumes<M>,
+    uid: String,
+    /// The call answered with a ready tree.
+    served: bool,
+}
+
+impl<M: Mounts> Drop for PlaceCall<'_, M> {
+    fn drop(&mut self) {
+        let mut table = self.volumes.table();
+        table.places.call_ended(&self.uid, self.served, Instant::now());
+        table.report(&self.volumes.metrics);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -625,7 +770,9 @@ mod tests {
 
         let waiting = tokio::spawn(wait_published(rx.clone(), Duration::from_secs(60)));
         tx.send_replace(Progress::Published);
-        assert_eq!(waiting.await.unwrap(), Ok(()));
+        assert_eq!(waiting.await.unwrap(), Ok(Published::Live));
+        tx.send_replace(Progress::NothingToServe);
+        assert_eq!(wait_published(rx.clone(), Duration::ZERO).await, Ok(Published::NothingToServe));
 
         tx.send_replace(Progress::Failed("forbidden".into()));
         assert!(wait_published(rx.clone(), Duration::ZERO).await.unwrap_err().message.contains("forbidden"));

@@ -17,11 +17,12 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::model::health::HealthState;
 use crate::model::resolve::Resolution;
 use crate::publish::prometheus::{self, Kind, Text};
+use crate::publish::slots::Slots;
 
 /// The labels that name a device in `drafs_device_health`.
 type DeviceLabels = Vec<(&'static str, String)>;
@@ -224,24 +225,44 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Connections served at once; more wait in the kernel's backlog.
+/// Connections served at once; at the limit a new one closes another
+/// ([`Slots`]: the longest waiting of the peer holding the most).
 pub const MAX_CONNECTIONS: usize = 32;
 /// A request must arrive whole, and its answer leave, within this time (a
 /// client that trickles bytes cannot keep a connection).
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// At most one warning this often about connections closed to make room.
+const EVICTION_WARNING: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Answer until the task is dropped. Bounded in connections and time, so a
-/// flood of slow or idle clients costs a fixed amount of memory and descriptors
-/// and can never starve the tree's writes of them.
+/// Which paths a listener answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paths {
+    /// `/metrics`, `/healthz` and `/readyz`.
+    All,
+    /// `/healthz` and `/readyz` only: the kubelet's probes, on a port that
+    /// must stay reachable while `/metrics` need not be.
+    Probes,
+}
+
+/// Answer `/metrics`, `/healthz` and `/readyz` until the task is dropped.
 pub async fn serve<E: Exposition + ?Sized + 'static>(listener: TcpListener, metrics: Arc<E>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    serve_paths(listener, metrics, Paths::All).await
+}
+
+/// Answer `paths` until the task is dropped. Bounded in connections and
+/// time, so a flood of slow or idle clients costs a fixed amount of memory
+/// and descriptors and can never starve the tree's writes of them; never
+/// stops accepting, so a flood cannot starve the kubelet's probes either
+/// (a new connection closes one of the flood's, [`Slots`]).
+pub async fn serve_paths<E: Exposition + ?Sized + 'static>(listener: TcpListener, metrics: Arc<E>, paths: Paths) {
+    let slots = Arc::new(Mutex::new(Slots::default()));
     let mut accept_backoff = std::time::Duration::from_millis(50);
+    let mut evictions = Evictions::default();
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
                 accept_backoff = std::time::Duration::from_millis(50);
-                s
+                accepted
             }
             Err(e) => {
                 // Out of descriptors (EMFILE) and the like: wait instead of spinning.
@@ -251,29 +272,80 @@ pub async fn serve<E: Exposition + ?Sized + 'static>(listener: TcpListener, metr
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        // No connection here is ever busy (an answer is made at once), so there is always room.
+        let admitted = lock(&slots).admit(peer.ip(), Instant::now(), MAX_CONNECTIONS);
+        let Some((id, close, evicted)) = admitted else { continue };
+        if let Some(evicted) = evicted {
+            evicted.close.notify_one();
+            evictions.count(evicted.peer, listener.local_addr().ok());
+        }
+        let (metrics, slots) = (metrics.clone(), slots.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _release = Release(slots, id);
             let service = hyper::service::service_fn(move |req| {
-                let answer = answer(&req, &*metrics);
+                let answer = answer(&req, &*metrics, paths);
                 async move { Ok::<_, std::convert::Infallible>(answer) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             // The head must arrive within the time; one request per connection
-            // (a permit is held per connection); the smallest buffer hyper takes.
+            // (a slot is held per connection); the smallest buffer hyper takes.
             builder.timer(TokioTimer::new()).header_read_timeout(REQUEST_TIMEOUT).keep_alive(false).max_buf_size(8192);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, connection).await;
+            tokio::select! {
+                _ = tokio::time::timeout(REQUEST_TIMEOUT, connection) => {}
+                () = close.notified() => {}
+            }
         });
     }
 }
 
-/// The answer to one request: [`Exposition::respond`] for a GET, 405 otherwise.
-fn answer<E: Exposition + ?Sized, B>(req: &Request<B>, metrics: &E) -> Response<Full<Bytes>> {
-    let (code, content_type, body) = if req.method() == Method::GET {
-        metrics.respond(req.uri().path())
-    } else {
+fn lock(slots: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    slots.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Frees a connection's slot when its task ends, however it ends.
+struct Release(Arc<Mutex<Slots>>, u64);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        lock(&self.0).release(self.1);
+    }
+}
+
+/// Connections closed to make room, told in the log at most once per [`EVICTION_WARNING`].
+#[derive(Default)]
+struct Evictions {
+    since_warned: u64,
+    warned: Option<Instant>,
+}
+
+impl Evictions {
+    fn count(&mut self, peer: std::net::IpAddr, addr: Option<SocketAddr>) {
+        self.since_warned += 1;
+        if self.warned.is_none_or(|at| at.elapsed() >= EVICTION_WARNING) {
+            let addr = addr.map(|a| a.to_string()).unwrap_or_default();
+            warn!(
+                %addr,
+                %peer,
+                closed = self.since_warned,
+                "{MAX_CONNECTIONS} connections open, the most from {peer}: closed its longest waiting to make room (a client holding connections open?)"
+            );
+            self.since_warned = 0;
+            self.warned = Some(Instant::now());
+        }
+    }
+}
+
+/// The answer to one request: [`Exposition::respond`] for a GET of one of
+/// `paths`, 404 for another path, 405 for another method.
+fn answer<E: Exposition + ?Sized, B>(req: &Request<B>, metrics: &E, paths: Paths) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    let (code, content_type, body) = if req.method() != Method::GET {
         (405, "text/plain", "only GET\n".into())
+    } else if paths == Paths::Probes && !matches!(path, "/healthz" | "/readyz") {
+        (404, "text/plain", "not found (/metrics is on the metrics port)\n".into())
+    } else {
+        metrics.respond(path)
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -308,6 +380,73 @@ mod tests {
         assert_eq!(m.respond("/readyz").0, 200);
         assert_eq!(m.respond("/healthz").0, 200);
         assert_eq!(m.respond("/nope").0, 404);
+    }
+
+    struct Answers;
+
+    impl Exposition for Answers {
+        fn text(&self) -> String {
+            "up 1\n".into()
+        }
+        fn unready_reason(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// GET `path` from a socket bound to `from`, within the kubelet's default probe timeout (1 s).
+    async fn probe(addr: SocketAddr, from: &str, path: &str) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let exchange = async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(format!("{from}:0").parse().unwrap())?;
+            let mut stream = socket.connect(addr).await?;
+            stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(1), exchange).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 1 s".into()),
+        }
+    }
+
+    /// Any pod that reaches the port holds 64 idle connections, opening each
+    /// again as soon as it closes: the kubelet's probes, from another
+    /// address, are still answered every time (they timed out 18 times in 19
+    /// when the port stopped accepting at its limit).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_are_answered_while_a_flood_holds_every_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_paths(listener, Arc::new(Answers), Paths::Probes));
+        let opened = Arc::new(AtomicU64::new(0));
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let opened = opened.clone();
+            flood.spawn(async move {
+                use tokio::io::AsyncReadExt;
+                loop {
+                    if let Ok(mut idle) = tokio::net::TcpStream::connect(addr).await {
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        let _ = idle.read(&mut [0u8; 1]).await;
+                    }
+                }
+            });
+        }
+        while opened.load(Ordering::Relaxed) < 2 * MAX_CONNECTIONS as u64 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for i in 0..10 {
+            let answer = probe(addr, "127.0.0.2", "/healthz").await.unwrap_or_else(|e| panic!("probe {i}: {e}"));
+            assert!(answer.starts_with("HTTP/1.1 200"), "probe {i}: {answer}");
+        }
+        let readyz = probe(addr, "127.0.0.2", "/readyz").await.unwrap();
+        assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
+        let metrics = probe(addr, "127.0.0.2", "/metrics").await.unwrap();
+        assert!(metrics.starts_with("HTTP/1.1 404"), "the probe port serves no metrics: {metrics}");
+        flood.abort_all();
     }
 
     #[test]

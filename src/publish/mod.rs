@@ -7,7 +7,8 @@
 //! the `supervisor` that unmounts it when the server dies); the standard
 //! metadata files (`metadata_dir`); `/metrics` and probes (`metrics`, in the
 //! text format `prometheus` writes for the webhook's metrics too); the
-//! pod's Events (`events`); one bounded request to the API server and how it
+//! pod's Events (`events`); which connections a listener serves at its
+//! limit (`slots`, the webhook's port and every metrics port); one bounded request to the API server and how it
 //! ended (`call`, for Events here and for every layer above).
 //!
 //! May use: `model`.
@@ -21,4 +22,5 @@ pub mod metadata_dir;
 pub mod metrics;
 pub mod outputs;
 pub mod prometheus;
+pub mod slots;
 pub mod supervisor;

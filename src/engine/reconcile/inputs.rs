@@ -6,12 +6,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::requests::WATCH_CUT_SHORT;
 use super::{Input, Mode, Reconciler, Step};
 use crate::engine::EngineError;
 use crate::engine::api::ApiError;
 use crate::engine::store::{Item, Scope};
-use crate::model::backoff::RetryBackoff;
+use crate::model::backoff::{RetryBackoff, cut_short};
 use crate::model::resolve::{Resolution, claim_names};
 use crate::model::slices::{self, DeviceFilter};
 
@@ -59,8 +58,7 @@ impl Reconciler {
             Input::Deleted { scope, name, resource_version } => self.store.delete(&scope, &name, resource_version),
             Input::Bookmark { scope, resource_version } => self.store.bookmark(&scope, resource_version),
             Input::WatchEnded { scope, lasted, changes } => {
-                let cut_short = changes == 0 && lasted < WATCH_CUT_SHORT;
-                let after = cut_short.then(|| self.trouble.next(now));
+                let after = cut_short(lasted, changes).then(|| self.trouble.next(now));
                 let requests = self.requests(&scope);
                 requests.watching = false;
                 if after.is_some() {

@@ -37,7 +37,7 @@ use crate::engine::PodRef;
 use crate::engine::store::{Scope, Store};
 use crate::model::backoff::{WatchBackoff, seed_of};
 pub use crate::model::publication::{Publication, Transition};
-use crate::model::resolve::Selection;
+use crate::model::resolve::{Selection, has_claims};
 use crate::model::slices::DeviceFilter;
 use crate::model::tree::{RequirePath, Tree};
 pub use phase::{Phase, TransitionKind};
@@ -138,6 +138,12 @@ impl Reconciler {
 
     pub fn pod_uid(&self) -> Option<String> {
         self.store.pod.as_ref().and_then(|p| p.metadata.uid.clone()).filter(|u| !u.is_empty())
+    }
+
+    /// The pod is known and asks for no device at all (no claim, no
+    /// extended resource backed by one): its tree can never change.
+    pub fn serves_nothing(&self) -> bool {
+        self.store.pod.as_ref().is_some_and(|pod| !has_claims(pod))
     }
 
     /// The scopes with a watch open or asked for.

@@ -12,11 +12,6 @@ use crate::model::resolve::{Missing, Resolution};
 use crate::model::slices::DeviceFilter;
 use crate::model::tree::BuiltTree;
 
-/// A watch that ends with no change sooner than this was cut short (drafs
-/// asks for at least [`crate::engine::api::WATCH_SECONDS_MIN`]: a proxy or a
-/// restarting server closed it): resumed only after a delay.
-pub(super) const WATCH_CUT_SHORT: Duration = Duration::from_secs(30);
-
 impl Reconciler {
     /// What is asked of a scope (the other half of its state, its objects,
     /// is in the same entry of the store).

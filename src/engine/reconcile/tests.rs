@@ -1,11 +1,11 @@
 use k8s_openapi::api::core::v1::Pod;
 
-use super::requests::WATCH_CUT_SHORT;
 use super::warned::WARNED_MAX;
 use super::*;
 use crate::engine::EngineError;
 use crate::engine::api::ApiError;
 use crate::engine::store::Item;
+use crate::model::backoff::WATCH_CUT_SHORT;
 use crate::model::backoff::WatchBackoff;
 use crate::model::resolve::Missing;
 use drafs_test_support::{Build, ClaimBuilder, PodBuilder, SliceBuilder};

@@ -22,6 +22,13 @@ pub fn claim_names(pod: &Pod, selection: &Selection) -> Vec<String> {
     names
 }
 
+/// Whether the pod asks for any device: a claim in its spec, or extended
+/// resources that the scheduler backed with a claim (in its status).
+pub fn has_claims(pod: &Pod) -> bool {
+    let generated = extended::of_pod(pod, &mut Vec::new()).and_then(Result::ok);
+    !pod_claims(pod, &Selection::default(), generated.as_ref()).is_empty()
+}
+
 pub(super) enum ClaimSource {
     Named(String),
     NotNeeded,

@@ -26,8 +26,8 @@ use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
 use crate::model::status_data;
 
-pub use claims::claim_names;
 use claims::{ClaimSource, PodClaim, pod_claims};
+pub use claims::{claim_names, has_claims};
 use index::SliceIndex;
 pub use outcome::*;
 

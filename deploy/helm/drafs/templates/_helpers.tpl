@@ -102,3 +102,15 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/* host:port from (list host port), an IPv6 host in brackets. */}}
+{{- define "drafs.hostPort" -}}
+{{- $host := toString (index . 0) -}}
+{{- if contains ":" $host -}}[{{ $host }}]:{{ index . 1 }}{{- else -}}{{ $host }}:{{ index . 1 }}{{- end -}}
+{{- end -}}
+
+{{/* "true" when the agent's /metrics listens beyond its pod's loopback. */}}
+{{- define "drafs.nodeMetricsExposed" -}}
+{{- $host := toString .Values.node.metricsBindAddress -}}
+{{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
+{{- end -}}
