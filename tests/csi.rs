@@ -138,6 +138,7 @@ fn agent_with(timing: Timing, limits: Limits) -> Agent {
         node_name: "gpu-node-7".into(),
         endpoint: "/csi.sock".into(),
         token_in: TokenIn::VolumeContext,
+        readiness: None,
         volumes,
         metrics,
     };
@@ -787,4 +788,26 @@ fn every_line_about_a_volume_names_its_pod() {
     assert!(of(&format!("pod=uid {UID_2} volume=csi-from-before-a-restart"), "unpublished"), "{log}");
     assert!(of("pod=ml/trainer-0 volume=csi-1", "unpublish refused"), "{log}");
     assert!(of("pod=ml/trainer-0 volume=csi-1", "unpublished"), "{log}");
+}
+
+/// CSI's `Probe` says what `/readyz` says: not ready until the kubelet has
+/// confirmed the registration, or while a socket is not the agent's (it
+/// answered ready whatever the agent's state).
+#[test]
+fn the_csi_probe_says_what_readyz_says() {
+    struct Unready;
+    impl drafs::publish::metrics::Exposition for Unready {
+        fn text(&self) -> String {
+            String::new()
+        }
+        fn unready_reason(&self) -> Option<String> {
+            Some("the kubelet has not confirmed the registration yet".into())
+        }
+    }
+    let mut a = agent();
+    let ready = a.call("/csi.v1.Identity/Probe", Vec::new()).expect("probed");
+    assert_eq!(ready, [0x0a, 0x02, 0x08, 0x01], "ProbeResponse{{ready: {{value: true}}}}");
+    a.service.readiness = Some(Arc::new(Unready));
+    let unready = a.call("/csi.v1.Identity/Probe", Vec::new()).expect("probed");
+    assert!(!unready.windows(2).any(|w| w == [0x08, 0x01]), "not ready: {unready:?}");
 }

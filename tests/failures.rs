@@ -327,3 +327,34 @@ ls -A "$1"; exit $rc"#;
     assert_ok(&out);
     assert!(stdout(&out).contains("..data"), "{}", stdout(&out));
 }
+
+/// A tree that keeps finding no room (a tmpfs too small for the next tree
+/// beside the one served, as when an app holds its old trees open and their
+/// pages stay allocated) fails every write while a driver changes its
+/// devices every 300 ms: the tree served stays, the writes are retried, and
+/// the log says so once, not at every tree (153 warnings in 50 s before).
+#[test]
+fn a_write_that_keeps_finding_no_room_is_told_once_not_at_every_tree() {
+    if !require_fuse() {
+        return;
+    }
+    let api = api_for("ml");
+    eight_device_slice(&api, 1);
+    eight_device_pod(&api);
+    let env = Env::new(&api, "ml", "p", TOKEN);
+    let dir = env.path("dra");
+    // Room for one tree of 8 GPUs (2.1 MiB), not for the next beside it.
+    let _tmpfs = Tmpfs::mount(&dir, "3m");
+    let mut serve = Serve::start_ready(&env, &dir, &["--backend", "files"], LIMIT);
+    for generation in 2..=11 {
+        eight_device_slice(&api, generation);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(serve.read("gpu/gpu/7/attr29").as_deref(), Some("value-7-29-1"), "the tree served stays");
+    serve.signal(libc::SIGTERM);
+    let log = stderr(&serve.wait(LIMIT));
+    let told: Vec<&str> =
+        log.lines().filter(|l| l.contains(" WARN ") && l.contains("cannot write the outputs")).collect();
+    assert_eq!(told.len(), 1, "{}", told.join("\n"));
+    assert!(told[0].contains("no room for the tree"), "{}", told[0]);
+}

@@ -431,12 +431,7 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["ports"], json!([{"name": "healthz", "containerPort": 9808}]));
     let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    for arg in [
-        "--max-pods=110",
-        "--volume-size=12Mi",
-        "--health-addr=0.0.0.0:9808",
-        "--metrics-addr=127.0.0.1:9809",
-    ] {
+    for arg in ["--max-pods=110", "--volume-size=12Mi", "--health-addr=0.0.0.0:9808", "--metrics-addr=127.0.0.1:9809"] {
         assert!(args.contains(&arg), "{arg} not in {args:?}");
     }
     // The agent reads the token only where the CSIDriver has the kubelet put it.
@@ -457,7 +452,14 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!((&resources["limits"]["memory"], &resources["requests"]["memory"]), (&json!("288Mi"), &json!("76Mi")));
     let exposed = render(
         &cp,
-        &["--set", "node.enabled=true", "--set", "node.metricsBindAddress=0.0.0.0", "--set", "node.maxPodsPerNamespace=8"],
+        &[
+            "--set",
+            "node.enabled=true",
+            "--set",
+            "node.metricsBindAddress=0.0.0.0",
+            "--set",
+            "node.maxPodsPerNamespace=8",
+        ],
     );
     let container = &find(&exposed, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
     assert!(container["ports"].as_array().unwrap().iter().any(|p| p["name"] == "metrics"), "{container}");

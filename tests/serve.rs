@@ -1008,27 +1008,6 @@ fn a_pool_gone_for_a_while_keeps_the_tree_whole() {
     wait_until("the loss logged", LIMIT, || log.lock().unwrap().contains("no longer ready"));
 }
 
-/// A tmpfs of `size` mounted at `dir` by the test, unmounted when dropped.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "drafs-test", dir.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "mount: {}", stderr(&out));
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// The `sizeLimit` `drafs inject` gives the tree's in-memory emptyDir, as
 /// tmpfs writes sizes (`12Mi` -> `12m`).
 fn injected_tree_volume_size(mode: &str) -> String {

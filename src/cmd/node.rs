@@ -108,26 +108,27 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         tokio::spawn(follow);
         (c.node_name.clone(), health)
     });
-    let service = Arc::new(Service {
-        driver: c.driver.clone(),
-        node_name: c.node_name.clone(),
-        endpoint: c.endpoint.clone(),
-        token_in: c.token_in,
-        volumes: volumes.clone(),
-        metrics: node_metrics.clone(),
-    });
     let bind = |path: &PathBuf| OwnSocket::bind(path).map_err(failed(format!("cannot listen on {}", path.display())));
     let (endpoint, endpoint_listener) = bind(&c.endpoint)?;
     // The registration socket last: the kubelet calls the endpoint as soon as it finds it.
     let (registration, registration_listener) = bind(&c.registration)?;
     let (endpoint, registration) = (Arc::new(endpoint), Arc::new(registration));
     let health = Arc::new(Health {
-        metrics: node_metrics,
+        metrics: node_metrics.clone(),
         volumes: volumes.clone(),
         slices,
         node_pods,
         sockets: [endpoint.clone(), registration.clone()],
         limits: c.limits,
+    });
+    let service = Arc::new(Service {
+        driver: c.driver.clone(),
+        node_name: c.node_name.clone(),
+        endpoint: c.endpoint.clone(),
+        token_in: c.token_in,
+        volumes: volumes.clone(),
+        metrics: node_metrics,
+        readiness: Some(health.clone()),
     });
     for (addr, paths, what) in [(c.metrics_addr, Paths::All, "metrics"), (c.health_addr, Paths::Probes, "the probes")] {
         if let Some(addr) = addr {

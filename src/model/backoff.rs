@@ -93,6 +93,44 @@ impl WatchBackoff {
     }
 }
 
+/// Whether to tell of a failure that keeps coming back (a write refused for
+/// room while the app holds old trees open, every new tree failing again):
+/// the first of a streak, then at most once per [`FailureStreak::EVERY`],
+/// with how many went untold; a success ends the streak.
+#[derive(Debug, Clone, Default)]
+pub struct FailureStreak {
+    /// When it was last told (None: not failing).
+    told: Option<Instant>,
+    untold: u64,
+}
+
+impl FailureStreak {
+    pub const EVERY: Duration = Duration::from_secs(60);
+
+    /// A failure at `now`: `Some(failures since the last told, this one
+    /// included)` when it is to be told, None when it is to stay quiet.
+    pub fn failed(&mut self, now: Instant) -> Option<u64> {
+        self.untold += 1;
+        match self.told {
+            Some(told) if now.saturating_duration_since(told) < Self::EVERY => None,
+            _ => {
+                self.told = Some(now);
+                Some(std::mem::take(&mut self.untold))
+            }
+        }
+    }
+
+    /// A success: whether it ends a streak.
+    pub fn succeeded(&mut self) -> bool {
+        self.untold = 0;
+        self.told.take().is_some()
+    }
+
+    pub fn is_failing(&self) -> bool {
+        self.told.is_some()
+    }
+}
+
 /// A watch that ends with no change sooner than this was cut short (drafs
 /// asks for at least 5 minutes, `engine::api::WATCH_SECONDS_MIN`: a proxy or
 /// a restarting server closed it): resumed only after a delay, like any
@@ -149,6 +187,20 @@ mod tests {
         // The same seed gives the same delays; another pod's differ.
         assert_eq!(delays(&mut WatchBackoff::new(seed_of("ml/p")), Instant::now(), 12), got);
         assert_ne!(delays(&mut WatchBackoff::new(seed_of("ml/q")), Instant::now(), 12), got);
+    }
+
+    #[test]
+    fn a_failure_streak_is_told_first_then_once_a_minute_with_what_went_untold() {
+        let t0 = Instant::now();
+        let mut streak = FailureStreak::default();
+        assert_eq!(streak.failed(t0), Some(1), "the first is told");
+        let told: Vec<Option<u64>> = (1..=150).map(|i| streak.failed(t0 + Duration::from_millis(i * 330))).collect();
+        // 150 failures over 49.5 s: none told; at 60 s the 151 untold ones with the next.
+        assert!(told.iter().all(Option::is_none), "{told:?}");
+        assert_eq!(streak.failed(t0 + FailureStreak::EVERY), Some(151));
+        assert!(streak.is_failing() && streak.succeeded() && !streak.is_failing());
+        assert!(!streak.succeeded(), "no streak to end");
+        assert_eq!(streak.failed(t0 + FailureStreak::EVERY), Some(1), "a new streak is told at once");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::node::grpc::{Code, Handler, Status};
 use crate::node::metrics::NodeMetrics;
@@ -16,6 +16,7 @@ use crate::node::mounts::Mounts;
 use crate::node::proto::{self, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, RegistrationStatus, Writer};
 use crate::node::request::{Publish, TokenIn};
 use crate::node::volumes::{PUBLISH_WAIT, Volumes};
+use crate::publish::metrics::Exposition;
 
 /// The CSI versions drafs speaks (the kubelet asks at registration).
 pub const CSI_VERSIONS: [&str; 1] = ["1.0.0"];
@@ -32,6 +33,8 @@ pub struct Service<M: Mounts> {
     pub token_in: TokenIn,
     pub volumes: Arc<Volumes<M>>,
     pub metrics: Arc<NodeMetrics>,
+    /// What `/readyz` answers, which CSI's `Probe` answers too (None: always ready).
+    pub readiness: Option<Arc<dyn Exposition>>,
 }
 
 impl<M: Mounts> Handler for Service<M> {
@@ -62,8 +65,13 @@ impl<M: Mounts> Handler for Service<M> {
                 proto::check(&message).map_err(decode)?;
             }
             "/csi.v1.Identity/Probe" => {
+                // Ready as /readyz says: registered, both sockets the agent's.
+                let unready = self.readiness.as_ref().and_then(|r| r.unready_reason());
+                if let Some(reason) = &unready {
+                    debug!("probed: not ready: {reason}");
+                }
                 let mut ready = Writer::new();
-                ready.boolean(1, true);
+                ready.boolean(1, unready.is_none());
                 out.message(1, ready);
             }
             "/csi.v1.Node/NodeGetInfo" => {

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::model::backoff::RetryBackoff;
+use crate::model::backoff::{FailureStreak, RetryBackoff};
 use crate::model::metadata::{self, Generations};
 use crate::model::publication::{Publication, Transition};
 use crate::model::resolve::Resolution;
@@ -133,8 +133,8 @@ pub struct Outputs {
     metrics: Arc<Metrics>,
     events: Events,
     dir: PathBuf,
-    /// The last write failed (its publication is pending again).
-    failing: bool,
+    /// Failed writes in a row, told at most once a minute (its publication is pending again).
+    failing: FailureStreak,
     /// Files in the last tree written.
     files: usize,
     retry: RetryBackoff,
@@ -154,7 +154,7 @@ impl Outputs {
             metrics,
             events,
             dir: dir.to_path_buf(),
-            failing: false,
+            failing: FailureStreak::default(),
             files: 0,
             retry: RetryBackoff::default(),
             retry_at: None,
@@ -294,7 +294,7 @@ impl Outputs {
                 self.files = files;
                 self.metrics.tree_published(built.is_ready(), files, &built.missing);
                 self.metrics.device_health(&publication.resolution);
-                if std::mem::take(&mut self.failing) {
+                if self.failing.succeeded() {
                     info!("outputs written again");
                 }
                 self.retry.reset();
@@ -302,8 +302,16 @@ impl Outputs {
             Err(e) => {
                 self.metrics.not_ready(&[format!("output failed: {e}")]);
                 let after = self.retry.next().unwrap_or_default();
-                warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis());
-                if !std::mem::replace(&mut self.failing, true) {
+                let first = !self.failing.is_failing();
+                match self.failing.failed(std::time::Instant::now()) {
+                    Some(1) => warn!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis()),
+                    Some(n) => warn!(
+                        "still cannot write the outputs ({e}): {n} attempts failed since the last warning a minute ago; retrying in {} ms",
+                        after.as_millis()
+                    ),
+                    None => debug!("cannot write the outputs ({e}); retrying in {} ms", after.as_millis()),
+                }
+                if first {
                     let message = format!("cannot write the outputs: {e}; retrying");
                     self.events.record(Note { warning: true, reason: events::NOT_READY, message, uid: None });
                 }

@@ -436,3 +436,24 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// A tmpfs of `size` mounted at `dir` by the test, unmounted when dropped.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "drafs-test", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
