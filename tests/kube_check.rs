@@ -618,15 +618,24 @@ fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_account
         .get(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "drafs-node", "namespace": "drafs-system"}}))
         .expect("the chart's DaemonSet");
     let template = &daemonset["spec"]["template"];
-    // An agent's pod on `node`, as the DaemonSet controller and the kubelet make it.
-    let agent = |node: &str, ready: bool| {
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "drafs-node",
+                        "uid": daemonset["metadata"]["uid"], "controller": true}]);
+    // A pod on `node` from the agent's template, ready or not, in `ns`, made by the DaemonSet controller or not.
+    let pod_like_an_agent = |ns: &str, name: &str, node: &str, ready: bool, owners: &Value| {
         let mut spec = template["spec"].clone();
         spec["nodeName"] = json!(node);
+        if ns != "drafs-system" {
+            spec["serviceAccountName"] = json!("default");
+        }
         let pod = cp.create(&json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("drafs-node-{node}"), "namespace": "drafs-system", "labels": template["metadata"]["labels"]},
+            "metadata": {"name": name, "namespace": ns, "labels": template["metadata"]["labels"], "ownerReferences": owners},
             "spec": spec}));
         let status = if ready { "True" } else { "False" };
         cp.patch_status(&pod, &json!({"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}));
+    };
+    // An agent's pod on `node`, as the DaemonSet controller and the kubelet make it.
+    let agent = |node: &str, ready: bool| {
+        pod_like_an_agent("drafs-system", &format!("drafs-node-{node}"), node, ready, &owner);
     };
     let registered = |node: &str| {
         cp.ensure(&json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node},
@@ -648,7 +657,16 @@ fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_account
     assert_eq!(named(&report, "volume-rbac")["status"], "ok", "{report:#}");
     let text = stdout(&check(&cp, &["--installation"]));
     assert!(text.starts_with("drafs check: drafs node's installation\n"), "{text}");
-    assert!(text.contains("fix: kubectl get pods -A -l app.kubernetes.io/name=drafs-node"), "{text}");
+    assert!(text.contains("fix: kubectl get daemonset,pods -n drafs-system -o wide"), "{text}");
+
+    // A tenant's ready pod on node-b, labelled and started as an agent is (even
+    // naming the DaemonSet as its owner): not the installation's, not counted.
+    namespace(&cp, "tenant", json!({}));
+    let forged = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "drafs-node", "uid": "forged", "controller": true}]);
+    pod_like_an_agent("tenant", "drafs-node-fake", "node-b", true, &forged);
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(named(&report, "agents")["details"]["withoutAgent"], json!(["node-b"]), "{report:#}");
 
     // node-b: an agent not ready, then ready but not registered, then registered.
     agent("node-b", false);
@@ -682,7 +700,36 @@ fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_account
     let rbac = named(&report, "volume-rbac");
     assert_eq!(rbac["status"], "fail", "{rbac:#}");
     assert_eq!(rbac["fix"], "drafs manifests rbac -n apps --service-account default | kubectl apply -f -", "{rbac:#}");
-    apply_rbac(&cp, "apps", &["--service-account", "default"]);
+    // 20 accounts of a namespace that sorts first, their pods using the
+    // volume with drafs's RBAC: the failing account is still asked about.
+    namespace(&cp, "aaa", json!({}));
+    for i in 0..20 {
+        let account = format!("sa-{i:02}");
+        cp.ensure(
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": "aaa"}}),
+        );
+        apply_rbac(&cp, "aaa", &["--service-account", &account]);
+        let mut p = pod("aaa", &format!("app-{i:02}"), json!({}));
+        p["spec"]["serviceAccountName"] = json!(account);
+        p["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": "drafs.dev", "readOnly": true}}]);
+        cp.create(&p);
+    }
+    let (code, report) = check_json(&cp, &["--installation"]);
+    assert_eq!(code, 1, "{report:#}");
+    let rbac = named(&report, "volume-rbac");
+    assert_eq!(rbac["status"], "fail", "{rbac:#}");
+    assert!(rbac["message"].as_str().unwrap().contains("apps/default may not"), "{rbac:#}");
+    // The volume's accounts need only what the agent reads as the pod: the
+    // pod and its claims, not the slices (the agent reads them as itself).
+    let out = std::process::Command::new(drafs_bin())
+        .args(["manifests", "rbac", "-n", "apps", "--service-account", "default"])
+        .output()
+        .unwrap();
+    for doc in yaml_docs(&stdout(&out)) {
+        if matches!(doc["kind"].as_str(), Some("Role" | "RoleBinding")) {
+            cp.ensure(&doc);
+        }
+    }
     let (code, report) = check_json(&cp, &["--installation"]);
     assert_eq!(code, 0, "a clean installation: {report:#}");
 

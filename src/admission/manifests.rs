@@ -91,6 +91,25 @@ impl std::fmt::Display for Grant {
     }
 }
 
+/// Who reads with the account's rights, which decides what it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// drafs in the pod (`init`, the sidecars): the pod, its claims, the slices.
+    Pod,
+    /// drafs node as the pod, for its CSI volume: the pod and its claims;
+    /// the agent reads the slices as itself.
+    NodeVolume,
+}
+
+/// What `reader` needs of [`grants`].
+pub fn grants_for(namespace: &str, service_account: &str, reader: Reader) -> Vec<Grant> {
+    let mut all = grants(namespace, service_account);
+    if reader == Reader::NodeVolume {
+        all.retain(|g| g.resource != "resourceslices");
+    }
+    all
+}
+
 /// Every permission [`rbac`] grants `service_account` (with the optional
 /// events), read from the very objects it prints, so that what `drafs check`
 /// asks for cannot drift from what `drafs manifests rbac` installs.

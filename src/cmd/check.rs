@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -21,7 +22,7 @@ use serde_json::Value;
 
 use crate::admission::check::{self, Check, Probe, Reach, Report, Status};
 use crate::admission::inject::{self, Mode};
-use crate::admission::manifests::{self, Grant};
+use crate::admission::manifests::{self, Grant, Reader};
 use crate::admission::probe::{EndpointKey, endpoint_key, endpoint_of, handshake, split_host_port};
 use crate::cmd::Failure;
 use crate::cmd::cli::{CheckArgs, CheckOutput};
@@ -122,7 +123,10 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
         Some(pod) => inject::account_of(&pod["spec"]),
         None => manifests::DEFAULT_ACCOUNT.to_string(),
     });
-    let answers = access(client, c.timeout, namespace, &account).await;
+    // A pod served by drafs node's volume needs only what the agent reads as it.
+    let served_by_node = pod.as_ref().is_some_and(|p| inject::csi_volume_of(&p["spec"], &c.csi_driver).is_some());
+    let reader = if served_by_node { Reader::NodeVolume } else { Reader::Pod };
+    let answers = access(client, c.timeout, namespace, &account, reader).await;
     checks.push(check::rbac(namespace, &account, answers));
     checks.extend(webhooks(client, c, &entries).await);
     if let Some(pod) = &pod {
@@ -296,18 +300,14 @@ async fn webhook_deployments(
     Some((deployments.items, selector))
 }
 
-/// The label of the chart's node agents (its DaemonSet's selector).
-const AGENT_LABEL: &str = "app.kubernetes.io/name=drafs-node";
-/// Pods read per page, and the most pages, when looking for the volume's users.
+/// Pods read per page when looking for the volume's users.
 const POD_PAGE: u32 = 500;
-const POD_PAGES: usize = 40;
-/// Service accounts whose RBAC is asked about, at most.
-const ACCOUNTS_ASKED: usize = 20;
+/// Service accounts asked about at once (every one is asked about).
+const ACCOUNTS_AT_ONCE: usize = 8;
 
 /// `check --installation`: drafs node across the cluster.
 async fn installation(client: &Client, c: &Config) -> Report {
-    use k8s_openapi::api::core::v1::Node;
-    use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+    use k8s_openapi::api::storage::v1::CSIDriver;
     let name = c.csi_driver.as_str();
     let mut checks = Vec::new();
 
@@ -318,72 +318,93 @@ async fn installation(client: &Client, c: &Config) -> Report {
         Some((deployments, selector)) => check::webhook_csi_driver(&deployments, &selector),
         None => None,
     };
-    match bounded(c.timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
+    let driver = match bounded(c.timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
         Ok(driver) => {
             let driver = driver.and_then(|d| serde_json::to_value(d).ok());
             checks.push(check::csi_driver(name, driver.as_ref(), webhook_driver.as_deref()));
+            driver
         }
-        Err(e) => checks.push(failed("csi-driver", format!("cannot read CSIDriver {name}: {e}"))),
-    }
+        Err(e) => {
+            checks.push(failed("csi-driver", format!("cannot read CSIDriver {name}: {e}")));
+            None
+        }
+    };
 
-    // An agent, ready and registered, on every Linux node.
-    let linux = ListParams::default().labels("kubernetes.io/os=linux");
-    let nodes = bounded(c.timeout, Api::<Node>::all(client.clone()).list(&linux)).await;
-    let agents =
-        bounded(c.timeout, Api::<Pod>::all(client.clone()).list(&ListParams::default().labels(AGENT_LABEL))).await;
-    let csinodes = bounded(c.timeout, Api::<CSINode>::all(client.clone()).list(&ListParams::default())).await;
-    match (nodes, agents, csinodes) {
-        (Ok(nodes), Ok(agents), Ok(csinodes)) => {
-            let nodes: Vec<String> = nodes.items.into_iter().filter_map(|n| n.metadata.name).collect();
-            let agents: Vec<check::AgentPod> = agents.items.iter().filter_map(|p| agent_pod(p, name)).collect();
-            let registered = csinodes
-                .items
-                .into_iter()
-                .filter_map(|n| Some((n.metadata.name?, n.spec.drivers.iter().any(|d| d.name == name))))
-                .collect();
-            checks.push(check::agents(name, &nodes, &agents, &registered));
-        }
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            checks.push(failed("agents", format!("cannot list the nodes, the agents and the CSINodes: {e}")))
-        }
+    // An agent of the installation's, ready and registered, on every Linux node.
+    if let Some(driver) = &driver {
+        checks.push(match check::agent_daemonset(name, driver) {
+            Ok(daemonset) => agents(client, c.timeout, name, daemonset).await,
+            Err(check) => *check,
+        });
     }
 
     // The RBAC of the accounts whose pods use the volume (the agent reads as each pod).
     match volume_accounts(client, c.timeout, name).await {
-        Ok((accounts, more_pods)) => {
-            let unchecked = accounts.len().saturating_sub(ACCOUNTS_ASKED) + usize::from(more_pods);
-            let mut answers = Vec::new();
-            for (ns, account) in accounts.into_iter().take(ACCOUNTS_ASKED) {
-                let access = access(client, c.timeout, &ns, &account).await;
-                answers.push(((ns, account), access));
-            }
-            checks.push(check::volume_rbac(name, &answers, unchecked));
+        Ok(accounts) => {
+            let asked = futures::stream::iter(accounts)
+                .map(|(ns, account)| async move {
+                    let access = access(client, c.timeout, &ns, &account, Reader::NodeVolume).await;
+                    ((ns, account), access)
+                })
+                .buffered(ACCOUNTS_AT_ONCE);
+            let answers: Vec<check::AccountAccess> = asked.collect().await;
+            checks.push(check::volume_rbac(name, &answers));
         }
         Err(e) => checks.push(failed("volume-rbac", format!("cannot list the pods: {e}"))),
     }
     Report { namespace: String::new(), pod: None, checks }
 }
 
-/// A pod of drafs node serving `driver` (its `--driver-name`), or None.
-fn agent_pod(pod: &Pod, driver: &str) -> Option<check::AgentPod> {
-    let spec = pod.spec.as_ref()?;
-    let serves = spec.containers.iter().any(|c| {
-        let args = c.args.clone().unwrap_or_default();
-        if args.first().map(String::as_str) != Some("node") {
-            return false;
+/// The agents check: the pods of the DaemonSet `(namespace, name)` (those
+/// its controller made, by their owner), against the Linux nodes and the
+/// drivers their kubelets registered.
+async fn agents(client: &Client, limit: Duration, driver: &str, (namespace, name): (String, String)) -> Check {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::storage::v1::CSINode;
+    let daemonset = match bounded(limit, Api::<DaemonSet>::namespaced(client.clone(), &namespace).get_opt(&name)).await
+    {
+        Ok(Some(ds)) => ds,
+        Ok(None) => {
+            let message = format!(
+                "the CSIDriver {driver} names the DaemonSet {namespace}/{name} as its agents', and there is none: no node is served"
+            );
+            return failed("agents", message);
         }
-        let named = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--driver-name=").map(str::to_string))
-            .or_else(|| c.env.iter().flatten().find(|e| e.name == "DRAFS_DRIVER_NAME").and_then(|e| e.value.clone()));
-        named.as_deref().unwrap_or(crate::node::DEFAULT_DRIVER) == driver
-    });
+        Err(e) => return failed("agents", format!("cannot read the DaemonSet {namespace}/{name}: {e}")),
+    };
+    let uid = daemonset.metadata.uid.clone().unwrap_or_default();
+    let linux = ListParams::default().labels("kubernetes.io/os=linux");
+    let nodes = bounded(limit, Api::<Node>::all(client.clone()).list(&linux)).await;
+    let pods = bounded(limit, Api::<Pod>::namespaced(client.clone(), &namespace).list(&ListParams::default())).await;
+    let csinodes = bounded(limit, Api::<CSINode>::all(client.clone()).list(&ListParams::default())).await;
+    match (nodes, pods, csinodes) {
+        (Ok(nodes), Ok(pods), Ok(csinodes)) => {
+            let nodes: Vec<String> = nodes.items.into_iter().filter_map(|n| n.metadata.name).collect();
+            let agents: Vec<check::AgentPod> = pods.items.iter().filter_map(|p| agent_pod(p, &uid)).collect();
+            let registered = csinodes
+                .items
+                .into_iter()
+                .filter_map(|n| Some((n.metadata.name?, n.spec.drivers.iter().any(|d| d.name == driver))))
+                .collect();
+            check::agents(driver, (&namespace, &name), &nodes, &agents, &registered)
+        }
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            failed("agents", format!("cannot list the nodes, the agents and the CSINodes: {e}"))
+        }
+    }
+}
+
+/// A pod its DaemonSet (of uid `owner`) made, or None.
+fn agent_pod(pod: &Pod, owner: &str) -> Option<check::AgentPod> {
+    let owned = pod.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.uid == owner);
+    let spec = pod.spec.as_ref().filter(|_| owned && !owner.is_empty())?;
     let ready = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    serves.then(|| check::AgentPod {
+    Some(check::AgentPod {
         name: pod.metadata.name.clone().unwrap_or_default(),
         node: spec.node_name.clone().unwrap_or_default(),
         ready,
@@ -391,16 +412,16 @@ fn agent_pod(pod: &Pod, driver: &str) -> Option<check::AgentPod> {
 }
 
 /// The (namespace, service account) of every pod with a `driver` volume,
-/// read a page at a time; true when there were more pods than it reads.
+/// read a page at a time (only the accounts are kept).
 async fn volume_accounts(
     client: &Client,
     limit: Duration,
     driver: &str,
-) -> Result<(std::collections::BTreeSet<(String, String)>, bool), CallError> {
+) -> Result<std::collections::BTreeSet<(String, String)>, CallError> {
     let api = Api::<Pod>::all(client.clone());
     let mut accounts = std::collections::BTreeSet::new();
     let mut params = ListParams::default().limit(POD_PAGE);
-    for _ in 0..POD_PAGES {
+    loop {
         let page = bounded(limit, api.list(&params)).await?;
         for pod in &page.items {
             let Some(spec) = &pod.spec else { continue };
@@ -415,10 +436,9 @@ async fn volume_accounts(
         }
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok((accounts, false)),
+            None => return Ok(accounts),
         }
     }
-    Ok((accounts, true))
 }
 
 /// Whether `account` may do what drafs needs, one SubjectAccessReview per
@@ -430,9 +450,10 @@ async fn access(
     limit: Duration,
     namespace: &str,
     account: &str,
+    reader: Reader,
 ) -> Result<Vec<(Grant, bool)>, String> {
     let user = format!("system:serviceaccount:{namespace}:{account}");
-    let grants = manifests::grants(namespace, account);
+    let grants = manifests::grants_for(namespace, account, reader);
     let attributes = |grant: &Grant| ResourceAttributes {
         namespace: grant.namespace.clone(),
         verb: Some(grant.verb.clone()),

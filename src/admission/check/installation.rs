@@ -14,12 +14,37 @@ use crate::admission::manifests::Grant;
 /// Nodes named in a message at most; the rest are counted (all are in the details).
 const NAMED: usize = 10;
 
+/// The CSIDriver's annotation naming the DaemonSet of its agents
+/// (`NAMESPACE/NAME`, the chart writes it): only cluster administrators
+/// write a CSIDriver, so the agents it names are the installation's, where a
+/// label or a command line any tenant can copy into a pod of its own.
+pub const AGENT_ANNOTATION: &str = "drafs.dev/agent";
+
 /// A pod of drafs node's DaemonSet, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentPod {
     pub name: String,
     pub node: String,
     pub ready: bool,
+}
+
+/// The (namespace, name) of the DaemonSet the CSIDriver names as its agents'.
+pub fn agent_daemonset(name: &str, driver: &Value) -> Result<(String, String), Box<Check>> {
+    let named = driver["metadata"]["annotations"][AGENT_ANNOTATION].as_str().unwrap_or_default();
+    match named.split_once('/') {
+        Some((ns, ds)) if !ns.is_empty() && !ds.is_empty() && !ds.contains('/') => Ok((ns.into(), ds.into())),
+        _ => Err(Box::new(Check::new(
+            "agents",
+            Status::Fail,
+            format!(
+                "the CSIDriver {name} does not name its agents' DaemonSet (annotation {AGENT_ANNOTATION}: NAMESPACE/NAME, which the chart writes): which pods are the installation's agents cannot be told from pods anyone could label alike"
+            ),
+            json!({"driver": name, "annotation": named}),
+        )
+        .with_fix(format!(
+            "kubectl annotate csidriver {name} {AGENT_ANNOTATION}=drafs-system/drafs-node (the namespace and name of the agents' DaemonSet), or install drafs node with the chart"
+        )))),
+    }
 }
 
 /// The CSIDriver `name` (`driver`: the object, if any), and the driver the
@@ -73,7 +98,13 @@ pub fn csi_driver(name: &str, driver: Option<&Value>, webhook_driver: Option<&st
 
 /// Whether every Linux node (`nodes`) has an agent, ready, that its kubelet
 /// registered (`registered`: each node's CSINode lists the driver).
-pub fn agents(name: &str, nodes: &[String], agents: &[AgentPod], registered: &BTreeMap<String, bool>) -> Check {
+pub fn agents(
+    name: &str,
+    (namespace, daemonset): (&str, &str),
+    nodes: &[String],
+    agents: &[AgentPod],
+    registered: &BTreeMap<String, bool>,
+) -> Check {
     let (mut absent, mut unready, mut unregistered) = (Vec::new(), Vec::new(), Vec::new());
     for node in nodes {
         let on_node: Vec<&AgentPod> = agents.iter().filter(|a| &a.node == node).collect();
@@ -85,8 +116,9 @@ pub fn agents(name: &str, nodes: &[String], agents: &[AgentPod], registered: &BT
             unregistered.push(node.as_str());
         }
     }
-    let details = json!({"driver": name, "linuxNodes": nodes.len(), "agents": agents.len(),
-                         "withoutAgent": absent, "agentNotReady": unready, "notRegistered": unregistered});
+    let details = json!({"driver": name, "daemonSet": format!("{namespace}/{daemonset}"), "linuxNodes": nodes.len(),
+                         "agents": agents.len(), "withoutAgent": absent, "agentNotReady": unready,
+                         "notRegistered": unregistered});
     if nodes.is_empty() {
         return Check::new("agents", Status::Warn, "no Linux node in the cluster: drafs node serves none", details);
     }
@@ -118,9 +150,9 @@ pub fn agents(name: &str, nodes: &[String], agents: &[AgentPod], registered: &BT
         ),
         details,
     )
-    .with_fix(
-        "kubectl get pods -A -l app.kubernetes.io/name=drafs-node -o wide; a node the DaemonSet skips has a taint it does not tolerate (the chart's node.tolerations) or misses node.nodeSelector",
-    )
+    .with_fix(format!(
+        "kubectl get daemonset,pods -n {namespace} -o wide (the DaemonSet {daemonset}); a node it skips has a taint it does not tolerate (the chart's node.tolerations) or misses node.nodeSelector"
+    ))
 }
 
 /// The first [`NAMED`] names, and how many more.
@@ -136,9 +168,11 @@ fn named(list: &[&str]) -> String {
 /// reviews answered for it (`Err`: why they could not be asked).
 pub type AccountAccess = ((String, String), Result<Vec<(Grant, bool)>, String>);
 
-/// Whether the service accounts of the pods that use the volume have drafs's
-/// RBAC (the required grants). `unchecked`: accounts beyond those asked about.
-pub fn volume_rbac(name: &str, accounts: &[AccountAccess], unchecked: usize) -> Check {
+/// Whether the service accounts of the pods that use the volume have what
+/// the agent reads as each pod (`manifests::Reader::NodeVolume`: the pod and
+/// its claims, not the slices, which the agent reads as itself). Every
+/// account is asked about: none is left out for a tenant's many others.
+pub fn volume_rbac(name: &str, accounts: &[AccountAccess]) -> Check {
     let mut lacking = Vec::new();
     let mut unknown = Vec::new();
     for ((ns, account), answers) in accounts {
@@ -157,7 +191,6 @@ pub fn volume_rbac(name: &str, accounts: &[AccountAccess], unchecked: usize) -> 
         "accounts": accounts.iter().map(|((ns, a), _)| format!("{ns}/{a}")).collect::<Vec<_>>(),
         "lacking": lacking.iter().map(|(a, m, _)| json!({"serviceAccount": a, "missing": m})).collect::<Vec<_>>(),
         "unknown": unknown,
-        "unchecked": unchecked,
     });
     if let Some((_, _, (ns, account))) = lacking.first() {
         let which: Vec<String> = lacking.iter().map(|(a, m, _)| format!("{a} may not {}", m.join(", "))).collect();
@@ -180,12 +213,8 @@ pub fn volume_rbac(name: &str, accounts: &[AccountAccess], unchecked: usize) -> 
     if accounts.is_empty() {
         return Check::new("volume-rbac", Status::Ok, format!("no pod uses a {name} volume yet"), details);
     }
-    let mut message =
-        format!("the {} service accounts whose pods use the {name} volume have drafs's RBAC", accounts.len());
-    if unchecked > 0 {
-        message.push_str(&format!(" ({unchecked} more not asked about)"));
-    }
-    Check::new("volume-rbac", if unchecked > 0 { Status::Warn } else { Status::Ok }, message, details)
+    let message = format!("the {} service accounts whose pods use the {name} volume have drafs's RBAC", accounts.len());
+    Check::new("volume-rbac", Status::Ok, message, details)
 }
 
 #[cfg(test)]
@@ -219,36 +248,52 @@ mod tests {
             [("a", true), ("b", true), ("c", false), ("d", true)].iter().map(|(n, r)| (n.to_string(), *r)).collect();
         let all = [pod("a", true), pod("b", true), pod("c", true), pod("d", true)];
         let everywhere: BTreeMap<String, bool> = nodes.iter().map(|n| (n.clone(), true)).collect();
-        assert_eq!(agents("drafs.dev", &nodes, &all, &everywhere).status, Status::Ok);
+        let ds = ("drafs-system", "drafs-node");
+        assert_eq!(agents("drafs.dev", ds, &nodes, &all, &everywhere).status, Status::Ok);
         let some = [pod("b", false), pod("c", true), pod("d", true)];
-        let c = agents("drafs.dev", &nodes, &some, &registered);
+        let c = agents("drafs.dev", ds, &nodes, &some, &registered);
         assert_eq!(c.status, Status::Fail);
         assert_eq!(
             c.message,
             "drafs node does not serve 3 of 4 Linux nodes (no agent on a; the agent not ready on b; the kubelet lists no drafs.dev on c): pods there with its volume wait in ContainerCreating"
         );
         assert_eq!(c.details["withoutAgent"], json!(["a"]));
-        assert_eq!(agents("drafs.dev", &[], &[], &BTreeMap::new()).status, Status::Warn);
+        assert_eq!(agents("drafs.dev", ds, &[], &[], &BTreeMap::new()).status, Status::Warn);
         let many: Vec<String> = (0..25).map(|i| format!("n{i}")).collect();
-        let c = agents("drafs.dev", &many, &[], &BTreeMap::new());
+        let c = agents("drafs.dev", ds, &many, &[], &BTreeMap::new());
         assert!(c.message.contains("n9 and 15 more"), "{}", c.message);
     }
 
     #[test]
+    fn the_agents_are_those_of_the_daemonset_the_csi_driver_names() {
+        let mut d = driver();
+        let missing = agent_daemonset("drafs.dev", &d).unwrap_err();
+        assert_eq!(missing.status, Status::Fail);
+        assert!(missing.message.contains(AGENT_ANNOTATION), "{}", missing.message);
+        for bad in ["drafs-node", "/drafs-node", "ns/", "a/b/c"] {
+            d["metadata"]["annotations"] = json!({AGENT_ANNOTATION: bad});
+            assert!(agent_daemonset("drafs.dev", &d).is_err(), "{bad}");
+        }
+        d["metadata"]["annotations"] = json!({AGENT_ANNOTATION: "drafs-system/drafs-node"});
+        assert_eq!(agent_daemonset("drafs.dev", &d).unwrap(), ("drafs-system".into(), "drafs-node".into()));
+    }
+
+    #[test]
     fn accounts_whose_pods_use_the_volume_need_drafs_rbac() {
-        let grants = crate::admission::manifests::grants("ml", "trainer");
+        use crate::admission::manifests::{Reader, grants_for};
+        let grants = grants_for("ml", "trainer", Reader::NodeVolume);
         let all = |except: &str| grants.iter().map(|g| (g.clone(), g.to_string() != except)).collect::<Vec<_>>();
         let ok: AccountAccess = (("ml".into(), "trainer".into()), Ok(all("")));
-        assert_eq!(volume_rbac("drafs.dev", std::slice::from_ref(&ok), 0).status, Status::Ok);
-        assert_eq!(volume_rbac("drafs.dev", &[], 0).status, Status::Ok);
+        assert_eq!(volume_rbac("drafs.dev", std::slice::from_ref(&ok)).status, Status::Ok);
+        assert_eq!(volume_rbac("drafs.dev", &[]).status, Status::Ok);
+        assert!(grants.iter().all(|g| g.resource != "resourceslices"), "the agent reads the slices: {grants:?}");
         let missing = grants.iter().find(|g| !g.optional).unwrap().to_string();
         let lacking: AccountAccess = (("web".into(), "default".into()), Ok(all(&missing)));
-        let c = volume_rbac("drafs.dev", &[ok.clone(), lacking], 0);
+        let c = volume_rbac("drafs.dev", &[ok.clone(), lacking]);
         assert_eq!(c.status, Status::Fail);
         assert!(c.message.contains(&format!("web/default may not {missing}")), "{}", c.message);
         assert_eq!(c.fix.unwrap(), "drafs manifests rbac -n web --service-account default | kubectl apply -f -");
         let unknown: AccountAccess = (("x".into(), "y".into()), Err("HTTP 403".into()));
-        assert_eq!(volume_rbac("drafs.dev", &[ok.clone(), unknown], 0).status, Status::Warn);
-        assert_eq!(volume_rbac("drafs.dev", &[ok], 3).status, Status::Warn);
+        assert_eq!(volume_rbac("drafs.dev", &[ok, unknown]).status, Status::Warn);
     }
 }
