@@ -295,6 +295,13 @@ impl PodBuilder {
         self
     }
 
+    /// The last container added uses request `request` of pod claim `claim`.
+    pub fn uses_request(mut self, claim: &str, request: &str) -> Self {
+        let entry = serde_json::json!({"name": claim, "request": request});
+        append(&mut self.last_container()["resources"]["claims"], entry);
+        self
+    }
+
     /// The last container added asks for these `limits` (a JSON object).
     pub fn limits(mut self, limits: Value) -> Self {
         self.last_container()["resources"]["limits"] = limits;

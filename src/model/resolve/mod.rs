@@ -6,10 +6,12 @@
 //! malformed names, unknown attribute types) is skipped and reported as a warning.
 //!
 //! By concern: what a resolution is (`outcome`), the pod's claims
-//! (`claims`), the node's pools by the generation that counts (`index`), and
+//! (`claims`), one container's share of the resolution (`container`), the
+//! node's pools by the generation that counts (`index`), and
 //! the algorithm here.
 
 mod claims;
+mod container;
 mod index;
 mod outcome;
 #[cfg(test)]
@@ -28,6 +30,7 @@ use crate::model::status_data;
 
 use claims::{ClaimSource, PodClaim, pod_claims};
 pub use claims::{claim_names, has_claims};
+pub use container::{ContainerClaims, for_container};
 use index::SliceIndex;
 pub use outcome::*;
 
