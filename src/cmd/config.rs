@@ -69,6 +69,7 @@ impl Output {
             events: args.events.into(),
             turns: None,
             pool_grace: args.pool_grace,
+            containers: Vec::new(),
         };
         Ok(Output { publishing, termination_log: args.termination_log.clone() })
     }

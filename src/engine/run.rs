@@ -21,14 +21,14 @@ use crate::engine::reconcile::{Action, Input, Mode, Objects, Reconciler};
 use crate::engine::shared::SharedSlices;
 use crate::engine::source::{ApiFeed, NoCredentials, Polling, connect};
 use crate::model::objects::LoadError;
-use crate::model::resolve::{Resolution, Selection};
+use crate::model::resolve::{ContainerClaims, Resolution, Selection};
 use crate::model::tree::RequirePath;
 use crate::publish::events::{self, Events, EventsMode, Note};
 use crate::publish::files::{AtomicDir, DirTurns, RETENTION, Retention, WriteError};
 use crate::publish::fuse::{FuseError, FuseMount};
-use crate::publish::metadata_dir::{MetadataDir, MetadataDirError};
+use crate::publish::metadata_dir::{DriverOwned, MetadataDir, MetadataDirError};
 use crate::publish::metrics::{self, Metrics};
-use crate::publish::outputs::{Outputs, TreeOutput, TreeWriters};
+use crate::publish::outputs::{ContainerWriters, Outputs, TreeOutput, TreeWriters};
 
 /// How long a stop waits for a write under way (the kubelet's grace period is
 /// 30 s by default).
@@ -102,6 +102,19 @@ pub struct OutputSettings {
     /// How long a followed tree outlives the pools of its devices
     /// ([`crate::engine::reconcile::VANISHED_POOL_GRACE`] by default).
     pub pool_grace: Duration,
+    /// Each container's own tree and standard view, beside the pod's (the
+    /// node agent's NRI mounts; they take turns on `turns`).
+    pub containers: Vec<ContainerOutput>,
+}
+
+/// Where one container's own outputs go.
+#[derive(Debug, Clone)]
+pub struct ContainerOutput {
+    pub claims: ContainerClaims,
+    pub tree_dir: PathBuf,
+    /// Its standard view, if the pod asks for one; the drivers that write
+    /// their own files there, which the caller may add to.
+    pub metadata: Option<(PathBuf, DriverOwned)>,
 }
 
 /// Why a run could not start, or ended without a result.
@@ -122,6 +135,9 @@ pub enum RunError {
     Metadata(#[from] MetadataDirError),
     #[error(transparent)]
     Drive(#[from] DriveError),
+    /// Containers' outputs share one directory's lock, which the caller holds.
+    #[error("containers' outputs need the lock of the directory they share")]
+    ContainersWithoutTurns,
 }
 
 impl RunError {
@@ -181,6 +197,14 @@ pub struct Run {
     progress: Option<watch::Sender<Progress>>,
 }
 
+/// One container's writers, taking turns on the lock of the directory its outputs are in.
+fn container_writers(c: &ContainerOutput, require: &[RequirePath], turns: &Arc<DirTurns>) -> ContainerWriters {
+    let tree = AtomicDir::taking_turns(&c.tree_dir, turns.clone()).with_retention(RETENTION);
+    let metadata =
+        c.metadata.as_ref().map(|(dir, owned)| MetadataDir::sharing_owners(dir, owned.clone(), turns.clone()));
+    ContainerWriters::new(c.claims.clone(), require, tree, metadata)
+}
+
 impl Run {
     /// Resolve once, without waiting for what is missing, and publish nothing (`get`, `exec`).
     pub async fn resolve_once(
@@ -234,7 +258,12 @@ impl Run {
             (Some(d), _) => Some(MetadataDir::open(d, from_drivers)?),
             (None, _) => None,
         };
-        let writers = TreeWriters::new(tree, metadata);
+        let containers = match (&out.turns, out.containers.is_empty()) {
+            (_, true) => Vec::new(),
+            (Some(turns), false) => out.containers.iter().map(|c| container_writers(c, &out.require, turns)).collect(),
+            (None, false) => return Err(RunError::ContainersWithoutTurns),
+        };
+        let writers = TreeWriters::new(tree, metadata).with_containers(containers);
         let wired = (writers, metrics, out);
         let mut run = Run::wire(source, mode, selection, timeout, out.require.clone(), Some(wired)).await?;
         run.mount_id = mount_id;

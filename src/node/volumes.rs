@@ -650,6 +650,7 @@ impl<M: Mounts> Volumes<M> {
             events: EventsMode::Warnings,
             turns: Some(turns),
             pool_grace: VANISHED_POOL_GRACE,
+            containers: Vec::new(),
         };
         let source = Source::Connected { client, pod: p.pod.clone(), uid: Some(slot.pod_uid.clone()), sharing };
         let selection = p.selection.clone();

@@ -70,12 +70,17 @@ pub fn read_regular(path: &Path) -> Option<Vec<u8>> {
     (out.len() as u64 <= MAX_FILE).then_some(out)
 }
 
+/// The drivers that write their own standard-view files, shared by a writer
+/// and whoever learns of more while it runs (the node agent learns them from
+/// a container's mounts, at its creation).
+pub type DriverOwned = Arc<std::sync::Mutex<BTreeSet<String>>>;
+
 /// Writes the standard view into one directory.
 #[derive(Debug)]
 pub struct MetadataDir {
     dir: PathBuf,
     /// Drivers that write their own files: drafs leaves those paths to them.
-    driver_owned: BTreeSet<String>,
+    driver_owned: DriverOwned,
     /// What drafs last wrote at each path, to skip unchanged files.
     written: BTreeMap<String, Vec<u8>>,
     /// One writer per directory, as for the tree (held, or lent by the node
@@ -85,12 +90,14 @@ pub struct MetadataDir {
 
 impl MetadataDir {
     pub fn new(dir: impl Into<PathBuf>, driver_owned: impl IntoIterator<Item = String>) -> Self {
-        MetadataDir {
-            dir: dir.into(),
-            driver_owned: driver_owned.into_iter().collect(),
-            written: BTreeMap::new(),
-            lock: None,
-        }
+        let owned = Arc::new(std::sync::Mutex::new(driver_owned.into_iter().collect()));
+        MetadataDir { dir: dir.into(), driver_owned: owned, written: BTreeMap::new(), lock: None }
+    }
+
+    /// Write into a directory whose lock the caller holds, leaving to the
+    /// drivers in `owned` (which the caller may add to) their files.
+    pub fn sharing_owners(dir: impl Into<PathBuf>, owned: DriverOwned, turns: Arc<DirTurns>) -> Self {
+        MetadataDir { dir: dir.into(), driver_owned: owned, written: BTreeMap::new(), lock: Some(turns) }
     }
 
     /// Take the directory for this writer now if it exists (a second writer is
@@ -121,7 +128,8 @@ impl MetadataDir {
     }
 
     fn owned_by_driver(&self, rel: &str) -> bool {
-        file_driver(rel).is_some_and(|d| self.driver_owned.contains(d))
+        let owned = self.driver_owned.lock().unwrap_or_else(|e| e.into_inner());
+        file_driver(rel).is_some_and(|d| owned.contains(d))
     }
 
     /// Every directory of `rel` below the root, and the file itself, as

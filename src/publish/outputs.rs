@@ -13,8 +13,8 @@ use tracing::{debug, info, warn};
 use crate::model::backoff::{FailureStreak, RetryBackoff};
 use crate::model::metadata::{self, Generations};
 use crate::model::publication::{Publication, Transition};
-use crate::model::resolve::Resolution;
-use crate::model::tree::BuiltTree;
+use crate::model::resolve::{ContainerClaims, Resolution, for_container};
+use crate::model::tree::{BuiltTree, RequirePath};
 use crate::publish::events::{self, Events, Note};
 use crate::publish::files::{AtomicDir, WriteError};
 use crate::publish::fuse::FuseMount;
@@ -44,6 +44,56 @@ pub enum PublishError {
 pub struct TreeWriters {
     tree: TreeOutput,
     metadata: Option<(MetadataDir, Generations)>,
+    /// Each container's own tree and standard view (the node agent's NRI
+    /// mounts): its share of the resolution, written beside the pod's.
+    containers: Vec<ContainerWriters>,
+}
+
+/// One container's own outputs: its share of each resolution
+/// ([`for_container`]) as a tree of its own, ready when its claims are and
+/// its own required paths exist, and, when asked, a standard view of its own.
+pub struct ContainerWriters {
+    claims: ContainerClaims,
+    /// The pod's required paths that lie in this container's claims.
+    require: Vec<RequirePath>,
+    tree: AtomicDir,
+    metadata: Option<(MetadataDir, Generations)>,
+}
+
+impl ContainerWriters {
+    /// `require`: the pod's required paths; those outside the container's
+    /// claims are not its to wait for.
+    pub fn new(
+        claims: ContainerClaims,
+        require: &[RequirePath],
+        tree: AtomicDir,
+        metadata: Option<MetadataDir>,
+    ) -> Self {
+        let require = require.iter().filter(|r| claims.sees_path(r.as_str())).cloned().collect();
+        let metadata = metadata.map(|dir| {
+            let generations = read_generations(dir.path());
+            (dir, generations)
+        });
+        ContainerWriters { claims, require, tree, metadata }
+    }
+
+    fn write(&mut self, res: &Resolution) -> Result<(), PublishError> {
+        let own = for_container(res, &self.claims);
+        let built = crate::model::tree::build(&own, &self.require);
+        let mut failed = None;
+        if let Some((dir, generations)) = self.metadata.as_mut().filter(|_| own.is_complete()) {
+            let mut warnings = Vec::new();
+            let view = metadata::build(&own, generations, &mut warnings);
+            if let Err(e) = dir.write(&view) {
+                failed = Some(PublishError::Metadata(e));
+            }
+        }
+        if let Err(e) = self.tree.write(&built.tree) {
+            self.tree.withdraw_ready();
+            failed = Some(PublishError::Tree(e));
+        }
+        failed.map_or(Ok(()), Err)
+    }
 }
 
 impl TreeWriters {
@@ -55,23 +105,43 @@ impl TreeWriters {
             let generations = read_generations(dir.path());
             (dir, generations)
         });
-        TreeWriters { tree, metadata }
+        TreeWriters { tree, metadata, containers: Vec::new() }
     }
 
-    /// Remove the superseded payloads of the tree whose time is up.
+    /// Write each container's own outputs too.
+    pub fn with_containers(mut self, containers: Vec<ContainerWriters>) -> Self {
+        self.containers = containers;
+        self
+    }
+
+    /// Every tree written as files: the pod's, and each container's.
+    fn atomic_dirs(&mut self) -> impl Iterator<Item = &mut AtomicDir> {
+        let pods = match &mut self.tree {
+            TreeOutput::Files(dir) => Some(dir),
+            TreeOutput::Fuse(_) | TreeOutput::None => None,
+        };
+        pods.into_iter().chain(self.containers.iter_mut().map(|c| &mut c.tree))
+    }
+
+    /// Remove the superseded payloads of the trees whose time is up.
     pub fn tidy(&mut self) -> Result<(), PublishError> {
-        match &mut self.tree {
-            TreeOutput::Files(dir) => dir.tidy(std::time::Instant::now()).map(|_| ()).map_err(PublishError::Tree),
-            TreeOutput::Fuse(_) | TreeOutput::None => Ok(()),
+        let now = std::time::Instant::now();
+        let mut failed = None;
+        for dir in self.atomic_dirs() {
+            if let Err(e) = dir.tidy(now) {
+                failed = Some(PublishError::Tree(e));
+            }
         }
+        failed.map_or(Ok(()), Err)
     }
 
     /// When [`TreeWriters::tidy`] has something to do.
     pub fn next_tidy(&self) -> Option<std::time::Instant> {
-        match &self.tree {
+        let pods = match &self.tree {
             TreeOutput::Files(dir) => dir.next_tidy(),
             TreeOutput::Fuse(_) | TreeOutput::None => None,
-        }
+        };
+        pods.into_iter().chain(self.containers.iter().filter_map(|c| c.tree.next_tidy())).min()
     }
 
     /// Write every output; one that fails does not keep the others from being written.
@@ -100,6 +170,11 @@ impl TreeWriters {
             }
             TreeOutput::Fuse(mount) => mount.update(&built.tree),
             TreeOutput::None => {}
+        }
+        for container in &mut self.containers {
+            if let Err(e) = container.write(res) {
+                failed = Some(e);
+            }
         }
         failed.map_or(Ok(()), Err)
     }

@@ -62,6 +62,17 @@ impl ContainerClaims {
         }
     }
 
+    /// Whether a tree path (`<claim>/<request>/...`, an extended
+    /// resource's `<domain>/<name>/<container>/...`) lies in what it sees.
+    pub fn sees_path(&self, path: &str) -> bool {
+        let parts: Vec<&str> = path.split('/').collect();
+        match parts.as_slice() {
+            [claim, request, ..] if self.claims.contains_key(*claim) => self.sees(ClaimOrigin::Named, claim, request),
+            [_, _, container, ..] => self.extended && *container == self.container,
+            _ => false,
+        }
+    }
+
     fn sees_claim(&self, origin: ClaimOrigin, pod_claim: &str) -> bool {
         match origin {
             ClaimOrigin::ExtendedResource => self.extended,
