@@ -25,7 +25,7 @@ use drafs::node::node_pods;
 use drafs::node::places::{PENDING_HOLD, PlaceLimits};
 use drafs::node::proto::Writer;
 use drafs::node::request::TokenIn;
-use drafs::node::volumes::{Limits, Timing, Volumes};
+use drafs::node::served::{Limits, Served, Timing};
 use drafs::publish::files::Room;
 use support::*;
 
@@ -124,7 +124,7 @@ fn agent_with(timing: Timing, limits: Limits) -> Agent {
     let mounts = Recorded::default();
     let metrics = Arc::new(NodeMetrics::default());
     let shared = kube::Client::try_from(cluster).unwrap();
-    let volumes = Volumes::new(
+    let volumes = Served::new(
         kubelet.path().to_path_buf(),
         shared,
         slices.clone(),

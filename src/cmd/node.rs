@@ -20,7 +20,7 @@ use crate::node::mounts::SystemMounts;
 use crate::node::node_pods;
 use crate::node::places::{PENDING_HOLD, PlaceLimits};
 use crate::node::request::TokenIn;
-use crate::node::volumes::{Limits, Timing, Volumes};
+use crate::node::served::{Limits, Served, Timing};
 use crate::publish::files::Room;
 use crate::publish::metrics::{self, Paths};
 
@@ -92,7 +92,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
     let shared = pooled_client(&cluster).map_err(|e| Failure::Failed(format!("cannot make an API client: {e}")))?;
     let node_metrics = Arc::new(NodeMetrics::default());
     let timing = c.timing;
-    let volumes = Volumes::new(
+    let volumes = Served::new(
         c.kubelet_dir.clone(),
         shared,
         slices.clone(),

@@ -26,7 +26,7 @@ use crate::node::grpc;
 use crate::node::metrics::{Census, NodeMetrics};
 use crate::node::mounts::Mounts;
 use crate::node::node_pods;
-use crate::node::volumes::{Limits, Volumes};
+use crate::node::served::{Limits, Served};
 use crate::publish::metrics::Exposition;
 
 /// How often the sockets are checked.
@@ -93,7 +93,7 @@ impl OwnSocket {
 /// What `/metrics`, `/healthz` and `/readyz` of the agent read.
 pub struct Health<M: Mounts> {
     pub metrics: Arc<NodeMetrics>,
-    pub volumes: Arc<Volumes<M>>,
+    pub volumes: Arc<Served<M>>,
     pub slices: Arc<SharedSlices>,
     /// The node's pods' watch (`--watch-node-pods`), if the agent keeps one.
     pub node_pods: Option<(String, Arc<FollowHealth>)>,

@@ -15,7 +15,8 @@ use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::Mounts;
 use crate::node::proto::{self, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, RegistrationStatus, Writer};
 use crate::node::request::{Publish, TokenIn};
-use crate::node::volumes::{PUBLISH_WAIT, Volumes};
+use crate::node::served::Served;
+use crate::node::volumes::PUBLISH_WAIT;
 use crate::publish::metrics::Exposition;
 
 /// The CSI versions drafs speaks (the kubelet asks at registration).
@@ -31,7 +32,7 @@ pub struct Service<M: Mounts> {
     pub endpoint: PathBuf,
     /// Where the kubelet puts the pod's token (the CSIDriver's setting).
     pub token_in: TokenIn,
-    pub volumes: Arc<Volumes<M>>,
+    pub volumes: Arc<Served<M>>,
     pub metrics: Arc<NodeMetrics>,
     /// What `/readyz` answers, which CSI's `Probe` answers too (None: always ready).
     pub readiness: Option<Arc<dyn Exposition>>,

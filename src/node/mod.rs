@@ -25,6 +25,7 @@ pub mod node_pods;
 pub mod places;
 pub mod proto;
 pub mod request;
+pub mod served;
 pub mod volumes;
 
 /// The CSI driver's name, unless `--driver-name` says otherwise.
