@@ -16,7 +16,7 @@ use crate::model::tree::RequirePath;
 
 mod yaml;
 
-pub const CONTAINER: &str = "drafs";
+pub const CONTAINER: &str = crate::model::names::DRAFS_CONTAINER;
 const VOLUME: &str = "dra";
 const FUSE_VOLUME: &str = "dev-fuse";
 const TOKEN_VOLUME: &str = "drafs-token";

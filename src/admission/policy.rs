@@ -15,11 +15,10 @@ use crate::model::tree::{RequirePath, require_at_publish};
 
 /// The label that opts a pod in; the webhook configuration selects on it.
 pub const INJECT_LABEL: &str = "drafs.dev/inject";
-/// Per-pod options, as annotations.
-pub const DIR_ANNOTATION: &str = "drafs.dev/dir";
-pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
-pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
-pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
+/// Per-pod options, as annotations (those the node agent reads too are model's).
+pub use crate::model::names::{
+    DIR_ANNOTATION, METADATA_DIR_ANNOTATION, METADATA_FROM_DRIVERS_ANNOTATION, REQUIRE_ANNOTATION,
+};
 pub const TIMEOUT_ANNOTATION: &str = "drafs.dev/timeout";
 pub const READY_WHEN_HEALTHY_ANNOTATION: &str = "drafs.dev/ready-when-healthy";
 

@@ -90,6 +90,22 @@ impl std::fmt::Display for QualifiedName {
 /// name, unless told otherwise.
 pub const DEFAULT_CSI_DRIVER: &str = "drafs.dev";
 
+/// The container drafs adds to a pod (a pod with one has drafs already).
+pub const DRAFS_CONTAINER: &str = "drafs";
+
+/// A pod's options, as annotations: read by the webhook and `drafs inject`
+/// for the container or volume they add, and by the node agent for the
+/// mounts it adds through NRI.
+pub const DIR_ANNOTATION: &str = "drafs.dev/dir";
+pub const METADATA_DIR_ANNOTATION: &str = "drafs.dev/metadata-dir";
+pub const METADATA_FROM_DRIVERS_ANNOTATION: &str = "drafs.dev/metadata-from-drivers";
+pub const REQUIRE_ANNOTATION: &str = "drafs.dev/require";
+
+/// Where the tree is mounted unless `drafs.dev/dir` says otherwise.
+pub const DEFAULT_DIR: &str = "/dra";
+/// Where readers of the standard (KEP-5304) view look.
+pub const STANDARD_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+
 /// A DRA driver name: a DNS subdomain, as the API requires.
 pub fn parse_driver_name(text: &str) -> Result<String, String> {
     if is_dns_subdomain(text) {

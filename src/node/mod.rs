@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod mounts;
 pub mod node_pods;
+pub mod nri;
 pub mod places;
 pub mod proto;
 pub mod request;

@@ -1,0 +1,15 @@
+//! drafs node as an NRI plugin: the container runtime tells the agent of
+//! every pod sandbox and container it creates, and drafs answers a container
+//! of an opted-in pod that uses a claim with a read-only bind mount of that
+//! container's own tree, which the agent keeps ready before the runtime asks
+//! (docs/node-mode.md). Nothing is added to the pod.
+//!
+//! Owns: NRI's messages (`api`), the wire (`wire`: the multiplexer and
+//! ttrpc, by hand), which containers get what mounts (`policy`, pure).
+//!
+//! May use: `node::served` (the node's served pods, one home for both doors),
+//! `node::grpc`'s status codes, `engine`, `publish` and `model`.
+
+pub mod api;
+pub mod policy;
+pub mod wire;
