@@ -103,8 +103,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
     );
     let node_pods = c.watch_node_pods.then(|| {
         let (volumes, health) = (volumes.clone(), Arc::new(FollowHealth::default()));
-        let follow =
-            node_pods::follow(own, c.node_name.clone(), health.clone(), move |uid| volumes.status_changed(uid));
+        let follow = node_pods::follow(own, c.node_name.clone(), health.clone(), volumes);
         tokio::spawn(follow);
         (c.node_name.clone(), health)
     });

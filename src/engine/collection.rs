@@ -34,6 +34,8 @@ pub struct Collection {
     /// Its resource, as RBAC names it (`resourceslices`).
     pub resource: &'static str,
     pub field_selector: String,
+    /// Only the objects with these labels ("" for all).
+    pub label_selector: String,
 }
 
 /// One change a watch reported.
@@ -74,7 +76,8 @@ impl Collection {
         let mut continue_token = None;
         loop {
             let params = ListParams {
-                field_selector: Some(self.field_selector.clone()),
+                field_selector: Some(self.field_selector.clone()).filter(|s| !s.is_empty()),
+                label_selector: Some(self.label_selector.clone()).filter(|s| !s.is_empty()),
                 limit: Some(page_size),
                 continue_token: continue_token.take(),
                 ..Default::default()
@@ -105,7 +108,8 @@ impl Collection {
         mut each: impl FnMut(WatchChange<'_>) -> Result<(), String>,
     ) -> Result<Watched, ApiError> {
         let params = WatchParams {
-            field_selector: Some(self.field_selector.clone()),
+            field_selector: Some(self.field_selector.clone()).filter(|s| !s.is_empty()),
+            label_selector: Some(self.label_selector.clone()).filter(|s| !s.is_empty()),
             timeout: Some(seconds),
             bookmarks: true,
             ..Default::default()

@@ -184,6 +184,7 @@ fn collection(scope: &Scope) -> Collection {
         url: "/apis/resource.k8s.io/v1/resourceslices",
         resource: RESOURCE,
         field_selector: scope.field_selector(),
+        label_selector: String::new(),
     }
 }
 

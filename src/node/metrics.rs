@@ -16,13 +16,38 @@ use crate::publish::prometheus::{Kind, Text};
 /// answers in milliseconds once the tree is written; 20 s is its longest wait).
 const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 20.0];
 
+/// A latency histogram: cumulative counts per bucket of [`LATENCY_BUCKETS`],
+/// the sum and the count.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Latency {
+    buckets: [u64; LATENCY_BUCKETS.len()],
+    sum_us: u64,
+    count: u64,
+}
+
+impl Latency {
+    pub fn observe(&mut self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                self.buckets[i] += 1;
+            }
+        }
+        self.sum_us += took.as_micros() as u64;
+        self.count += 1;
+    }
+
+    pub fn render(&self, out: &mut Text, name: &str, help: &str) {
+        out.histogram(name, help, &LATENCY_BUCKETS, &self.buckets, self.count, self.sum_us as f64 / 1e6);
+    }
+}
+
 /// The agent's counters.
 #[derive(Debug, Default)]
 pub struct NodeMetrics {
     publishes: Mutex<BTreeMap<&'static str, u64>>,
     unpublishes: Mutex<BTreeMap<&'static str, u64>>,
-    /// Cumulative counts per bucket, then the sum in microseconds and the count.
-    latency: Mutex<([u64; LATENCY_BUCKETS.len()], u64, u64)>,
+    latency: Mutex<Latency>,
     volumes: AtomicU64,
     pods: AtomicU64,
     /// Device-status changes of served pods the node's pod watch passed on.
@@ -51,7 +76,7 @@ pub struct Census {
     pub sockets: Option<String>,
 }
 
-fn code_name(code: Option<Code>) -> &'static str {
+pub fn code_name(code: Option<Code>) -> &'static str {
     match code {
         None => "OK",
         Some(Code::Ok) => "OK",
@@ -67,7 +92,7 @@ fn code_name(code: Option<Code>) -> &'static str {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -75,15 +100,7 @@ impl NodeMetrics {
     /// A publish answered with `code` (None: OK) after `took`.
     pub fn published(&self, code: Option<Code>, took: Duration) {
         *lock(&self.publishes).entry(code_name(code)).or_default() += 1;
-        let mut latency = lock(&self.latency);
-        let seconds = took.as_secs_f64();
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                latency.0[i] += 1;
-            }
-        }
-        latency.1 += took.as_micros() as u64;
-        latency.2 += 1;
+        lock(&self.latency).observe(took);
     }
 
     pub fn unpublished(&self, code: Option<Code>) {
@@ -186,15 +203,8 @@ impl NodeMetrics {
             "NodeUnpublishVolume calls by gRPC code.",
             &lock(&self.unpublishes),
         );
-        let (buckets, sum_us, count) = *lock(&self.latency);
-        out.histogram(
-            "drafs_node_publish_duration_seconds",
-            "Time from a publish call to its answer.",
-            &LATENCY_BUCKETS,
-            &buckets,
-            count,
-            sum_us as f64 / 1e6,
-        );
+        let latency = *lock(&self.latency);
+        latency.render(&mut out, "drafs_node_publish_duration_seconds", "Time from a publish call to its answer.");
         let volumes = self.volumes.load(Ordering::Relaxed);
         out.single(
             "drafs_node_volumes",

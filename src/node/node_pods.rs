@@ -133,13 +133,23 @@ pub fn field_selector(node: &str) -> String {
 
 /// The node's pods as a collection.
 fn collection(node: &str) -> Collection {
-    Collection { url: "/api/v1/pods", resource: "pods", field_selector: field_selector(node) }
+    Collection { url: "/api/v1/pods", resource: "pods", field_selector: field_selector(node), label_selector: String::new() }
 }
 
-/// Follow the node's pods forever with the agent's `client`, calling
-/// `changed` with the uid of each pod whose device status changed; `health`
-/// counts the watch's trouble (it backs off as the runs' watches do).
-pub async fn follow(client: Client, node: String, health: Arc<FollowHealth>, changed: impl Fn(&str)) {
+/// What the agent does with what the node's pod watch sees.
+pub trait NodePods: Send + Sync {
+    /// A pod's device status changed (the pods seen first are not changes).
+    fn status_changed(&self, uid: &str);
+    /// A pod of the node, as the server sent it (listed, added or modified).
+    fn seen(&self, _raw: &str) {}
+    /// A pod of the node was deleted.
+    fn deleted(&self, _uid: &str) {}
+}
+
+/// Follow the node's pods forever with the agent's `client`, telling
+/// `observer` what it sees; `health` counts the watch's trouble (it backs
+/// off as the runs' watches do).
+pub async fn follow(client: Client, node: String, health: Arc<FollowHealth>, observer: impl NodePods) {
     let mut marks = StatusMarks::default();
     let mut listing = Vec::new();
     collection(&node)
@@ -147,23 +157,71 @@ pub async fn follow(client: Client, node: String, health: Arc<FollowHealth>, cha
             match seen {
                 // One pod the agent cannot read is skipped, not the node's others.
                 Followed::Listing(raw) => match mark_of(raw) {
-                    Ok(pod) => listing.push(pod),
+                    Ok(pod) => {
+                        observer.seen(raw);
+                        listing.push(pod);
+                    }
                     Err(e) => warn!("node pods: {e}"),
                 },
                 Followed::Listed => {
                     for uid in marks.relisted(std::mem::take(&mut listing)) {
-                        changed(&uid);
+                        observer.status_changed(&uid);
                     }
                     info!(pods = marks.len(), "node pods: watching");
                 }
                 Followed::Changed(WatchChange::Put(raw)) => match mark_of(raw) {
-                    Ok(pod) if marks.put(&pod) => changed(&pod.uid),
-                    Ok(_) => {}
+                    Ok(pod) => {
+                        observer.seen(raw);
+                        if marks.put(&pod) {
+                            observer.status_changed(&pod.uid);
+                        }
+                    }
                     Err(e) => warn!("node pods: {e}"),
                 },
                 Followed::Changed(WatchChange::Deleted(raw)) => {
                     if let Ok(pod) = mark_of(raw) {
                         marks.delete(&pod.uid);
+                        observer.deleted(&pod.uid);
+                    }
+                }
+                Followed::Failing(_) => listing.clear(),
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// The namespaces labelled `label`, followed forever with the agent's
+/// `client`: `listed` with every one at each list, `changed` with one that
+/// came (true) or went (false).
+pub async fn follow_namespaces(
+    client: Client,
+    label: &str,
+    health: Arc<FollowHealth>,
+    listed: impl Fn(std::collections::BTreeSet<String>),
+    changed: impl Fn(&str, bool),
+) {
+    let collection = Collection {
+        url: "/api/v1/namespaces",
+        resource: "namespaces",
+        field_selector: String::new(),
+        label_selector: label.to_string(),
+    };
+    let name_of = |raw: &str| crate::engine::api::object_meta(raw).map(|(name, _)| name).filter(|n| !n.is_empty());
+    let mut listing = std::collections::BTreeSet::new();
+    collection
+        .follow(&client, PAGE_SIZE, &health, |seen| {
+            match seen {
+                Followed::Listing(raw) => listing.extend(name_of(raw)),
+                Followed::Listed => listed(std::mem::take(&mut listing)),
+                Followed::Changed(WatchChange::Put(raw)) => {
+                    if let Some(name) = name_of(raw) {
+                        changed(&name, true);
+                    }
+                }
+                Followed::Changed(WatchChange::Deleted(raw)) => {
+                    if let Some(name) = name_of(raw) {
+                        changed(&name, false);
                     }
                 }
                 Followed::Failing(_) => listing.clear(),

@@ -578,6 +578,14 @@ impl<M: Mounts> Served<M> {
     }
 }
 
+/// The node's pod watch, for CSI volumes alone: a device-status change has
+/// the pod's runs read again.
+impl<M: Mounts> crate::node::node_pods::NodePods for Arc<Served<M>> {
+    fn status_changed(&self, uid: &str) {
+        Served::status_changed(self, uid);
+    }
+}
+
 pub(super) fn internal(op: &str, path: &Path, e: std::io::Error) -> Status {
     Status::new(Code::Internal, format!("cannot {op} {}: {e}", path.display()))
 }

@@ -5,11 +5,16 @@
 //! (docs/node-mode.md). Nothing is added to the pod.
 //!
 //! Owns: NRI's messages (`api`), the wire (`wire`: the multiplexer and
-//! ttrpc, by hand), which containers get what mounts (`policy`, pure).
+//! ttrpc, by hand), which containers get what mounts (`policy`, pure), the
+//! door the runtime's calls come through (`door`) and what it counts
+//! (`metrics`).
 //!
 //! May use: `node::served` (the node's served pods, one home for both doors),
 //! `node::grpc`'s status codes, `engine`, `publish` and `model`.
 
 pub mod api;
+pub mod door;
+pub mod metrics;
+pub mod plugin;
 pub mod policy;
 pub mod wire;
