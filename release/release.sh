@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build a release from a clean checkout, into OUTDIR (default: the checkout's
 # dist/), a directory this script makes, or an empty one:
-#   drafs-VERSION.oci.tar        the image index (linux/amd64 + linux/arm64) as an OCI archive
+#   drafs-VERSION.oci.tar        the image index (linux/amd64 + linux/arm64) as an OCI archive;
+#                                each image's binary carries its crates (cargo auditable)
 #   drafs-VERSION.tgz            the packaged chart (helm package; installable by path or from an OCI registry)
-#   drafs-VERSION.spdx.json      the software bill of materials of the binary (SPDX 2.3: its crates)
+#   drafs-VERSION.spdx.json      the software bill of materials of the binaries (SPDX 2.3: their crates)
 #   RELEASE-NOTES.md             this version's section of CHANGELOG.md
 #   SHA256SUMS                   the checksums of the above
 #
@@ -30,7 +31,7 @@ out=${1:-$repo_root/dist}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
 out=$(realpath -m -- "$out")
 if [ -e "$out" ] || [ -L "$out" ]; then
-    [ -d "$out" ] && [ ! -L "$out" ] || fail "$out exists and is not a directory"
+    if [ ! -d "$out" ] || [ -L "$out" ]; then fail "$out exists and is not a directory"; fi
     [ -z "$(ls -A -- "$out")" ] || fail "$out is not empty: give a new or an empty directory (nothing in it is removed)"
 fi
 parent=$(dirname "$out")
@@ -66,19 +67,25 @@ cleanup() {
 trap cleanup EXIT
 
 # The image, both platforms, checked, then archived whole.
-image/build.sh "$image" >/dev/null
+binaries=$(image/build.sh "$image" | cut -d' ' -f2)
 image/check.sh "$image" >&2
 buildah manifest push --quiet --all "$image" "oci-archive:$stage/drafs-$version.oci.tar:$version" >/dev/null
 
 # The chart, naming the image where the release publishes it (DRAFS_REGISTRY).
 release/chart.sh "$stage" >/dev/null
 
-# The SBOM: the crates linked into the binary (normal dependencies for the
-# image's targets, proc macros left out: they run at build time), as SPDX 2.3 JSON, which Trivy (`trivy sbom`) and Grype
-# (`grype sbom:FILE`) read.
-for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
-    cargo tree --locked -e normal --target "$target" --prefix none --format '{p}|{l}'
-done | grep -v '(proc-macro)' | sed 's/ (\*)$//; s/ ([^|]*)|/|/' | sort -u | release/spdx.sh "$version" "$commit" >"$stage/drafs-$version.spdx.json"
+# The SBOM: the crates the binaries record they were built from (cargo
+# auditable's list in their .dep-v0 section, which scanners read in the image:
+# crates reached only through build dependencies left out, proc macros that
+# runtime crates use kept, as cargo resolved them), with the licenses their
+# Cargo.toml declare, as SPDX 2.3 JSON, which Trivy (`trivy sbom`), Grype
+# (`grype sbom:FILE`) and cosign attestations take.
+licenses=$(cargo metadata --locked --format-version 1 \
+    --filter-platform x86_64-unknown-linux-musl --filter-platform aarch64-unknown-linux-musl | jq -r '.packages[] | "\(.name) \(.version)|\(.license // "")"')
+for bin in $binaries; do
+    release/auditable.sh "$bin"
+done | sort -u | awk -F'|' 'NR == FNR { license[$1] = $2; next } { print $0 "|" license[$0] }' <(echo "$licenses") - |
+    sed 's/^\([^ ]*\) /\1 v/' | release/spdx.sh "$version" "$commit" >"$stage/drafs-$version.spdx.json"
 
 {
     echo "# drafs $version"
