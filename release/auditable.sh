@@ -15,8 +15,12 @@ bin=${1:?usage: release/auditable.sh [--json] BINARY}
 read -r offset size < <(readelf -W -S "$bin" | sed 's/^ *\[ *[0-9]*\] *//' | awk '$1 == ".dep-v0" { print $4, $5 }') ||
     { echo "auditable.sh: $bin has no .dep-v0 section (not built with cargo auditable)" >&2; exit 1; }
 offset=$((16#$offset)) size=$((16#$size))
-record=$(tail -c +"$((offset + 1))" "$bin" | head -c "$size" |
-    python3 -c 'import sys, zlib; sys.stdout.write(zlib.decompress(sys.stdin.buffer.read()).decode())') ||
+# Read in one process: a pipeline of tail and head fails now and then under
+# pipefail (tail killed by SIGPIPE when head has read its part).
+record=$(python3 -c 'import sys, zlib
+with open(sys.argv[1], "rb") as f:
+    f.seek(int(sys.argv[2]))
+    sys.stdout.write(zlib.decompress(f.read(int(sys.argv[3]))).decode())' "$bin" "$offset" "$size") ||
     { echo "auditable.sh: the .dep-v0 section of $bin does not decompress" >&2; exit 1; }
 if [ "$json" = 1 ]; then
     jq . <<<"$record"

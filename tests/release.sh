@@ -20,8 +20,8 @@
 #     and helm template from oci://, release/verify.sh --key --remote;
 #  5. each tampering refused, with the reason: a layer replaced, the config
 #     and layer blobs removed, SHA256SUMS regenerated in place, the chart's
-#     image changed, a signature by another key, the registry's tag or chart
-#     replaced. Without a signature to check, verify.sh still refuses what the
+#     image changed, a crate taken out of the SBOM, a signature by another
+#     key, the registry's tag or chart replaced. Without a signature to check, verify.sh still refuses what the
 #     files themselves betray and says loudly what it did not check.
 # Prints "N passed, N failed"; exits 1 on any failure.
 set -euo pipefail
@@ -262,6 +262,12 @@ rm "$t/drafs-$version.tgz"
 resum
 refused "the chart's image set to another registry, SHA256SUMS regenerated" "signature of SHA256SUMS does not verify" "$t" --key "$work/cosign.pub"
 refused "the chart's image set to another registry, no anchor" "the chart's image.repository is 'evil.example/drafs'" "$t"
+
+tampered sbom
+jq '.packages |= map(select(.name != "rustls"))' "$rel/drafs-$version.spdx.json" >"$t/drafs-$version.spdx.json"
+resum
+refused "a crate taken out of the SBOM, SHA256SUMS regenerated" "signature of SHA256SUMS does not verify" "$t" --key "$work/cosign.pub"
+refused "a crate taken out of the SBOM, no anchor" "the SBOM's crates are not those the binaries were built from" "$t"
 
 tampered otherkey
 (cd "$work/other" && "$cosign" sign-blob --yes --key cosign.key --tlog-upload=false --use-signing-config=false \
