@@ -6,6 +6,10 @@
 #   DRAFS_PLATFORMS=linux/amd64 image/build.sh TAG   one platform: TAG is a plain image
 # With two platforms, TAG is the index and TAG-amd64, TAG-arm64 its images
 # (push all of them with `buildah manifest push --all TAG docker://...`).
+# Each binary records the crates it is built from (cargo auditable, crates.io
+# cargo-auditable at the version below, installed when missing): Trivy, Grype,
+# Syft and `cargo audit bin` read the list in the image; release/release.sh
+# makes the SBOM from it (docs/deploy.md#releases).
 # Static linking: musl (rustup's target; musl-gcc for amd64, Debian's
 # gcc-aarch64-linux-gnu as arm64's linker), installed when missing and root;
 # amd64 falls back to glibc with crt-static. Builds with buildah, or docker
@@ -28,6 +32,12 @@ apt_install() { # command package
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -qq "$2" >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq "$2" >/dev/null; }
 }
+auditable_version=0.7.7
+has_auditable() {
+    cargo install --list | grep -qx "cargo-auditable v$auditable_version:" && return 0
+    echo "build.sh: installing cargo-auditable $auditable_version (crates.io)" >&2
+    cargo install cargo-auditable --locked --version "$auditable_version" >&2
+}
 has_target() {
     rustup target list --installed 2>/dev/null | grep -qx "$1" || rustup target add "$1" >/dev/null 2>&1
 }
@@ -35,15 +45,16 @@ has_target() {
 # Build the binary for one architecture; prints its path.
 build_binary() { # arch
     local target
+    has_auditable || { echo "build.sh: cannot install cargo-auditable $auditable_version (cargo install cargo-auditable --locked --version $auditable_version)" >&2; exit 1; }
     case $1 in
     amd64)
         target=x86_64-unknown-linux-musl
         if has_target "$target" && apt_install musl-gcc musl-tools; then
-            CC_x86_64_unknown_linux_musl=musl-gcc cargo build --profile image --locked --target "$target" >&2
+            CC_x86_64_unknown_linux_musl=musl-gcc cargo auditable build --profile image --locked --target "$target" >&2
         else
             target=x86_64-unknown-linux-gnu
             echo "musl target unavailable: linking glibc statically (crt-static)" >&2
-            RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile image --locked --target "$target" >&2
+            RUSTFLAGS="-C target-feature=+crt-static" cargo auditable build --profile image --locked --target "$target" >&2
         fi
         ;;
     arm64)
@@ -52,7 +63,7 @@ build_binary() { # arch
         apt_install aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu ||
             { echo "build.sh: arm64 needs a cross C compiler and linker: apt-get install gcc-aarch64-linux-gnu" >&2; exit 1; }
         # Its linker and C compiler: .cargo/config.toml.
-        cargo build --profile image --locked --target "$target" >&2
+        cargo auditable build --profile image --locked --target "$target" >&2
         ;;
     *) echo "build.sh: unknown platform linux/$1 (linux/amd64, linux/arm64)" >&2; exit 2 ;;
     esac

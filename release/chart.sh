@@ -4,10 +4,13 @@
 # chart's image.repository becomes REGISTRY/drafs; unset: drafs). Prints the
 # archive's path.
 #   [DRAFS_REGISTRY=ghcr.io/drafs] [HELM=path] release/chart.sh OUTDIR
-# HELM defaults to the helm of the tests' Go build (tests/go/build.sh, cached).
+# OUTDIR is relative to the caller's directory, made if missing; an archive of
+# the same name there is refused, not replaced. HELM defaults to the helm of
+# the tests' Go build (tests/go/build.sh, cached).
 set -euo pipefail
+out=${1:?usage: release/chart.sh OUTDIR}
+case $out in /*) ;; *) out=$PWD/$out ;; esac
 cd "$(dirname "$0")/.."
-out=$1
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 helm=${HELM:-$(tests/go/build.sh | tail -n 1)/helm}
 chart=$(mktemp -d)
@@ -18,7 +21,9 @@ if [ -n "${DRAFS_REGISTRY:-}" ]; then
     grep -q "^  repository: $DRAFS_REGISTRY/drafs\$" "$chart/drafs/values.yaml" ||
         { echo "chart.sh: cannot set the chart's image.repository" >&2; exit 1; }
 fi
+[ ! -e "$out/drafs-$version.tgz" ] || { echo "chart.sh: $out/drafs-$version.tgz exists" >&2; exit 1; }
+"$helm" package "$chart/drafs" --destination "$chart" >/dev/null
+[ -f "$chart/drafs-$version.tgz" ] || { echo "chart.sh: helm package made no drafs-$version.tgz" >&2; exit 1; }
 mkdir -p "$out"
-"$helm" package "$chart/drafs" --destination "$out" >/dev/null
-[ -f "$out/drafs-$version.tgz" ] || { echo "chart.sh: helm package made no drafs-$version.tgz" >&2; exit 1; }
+mv -n "$chart/drafs-$version.tgz" "$out/"
 echo "$out/drafs-$version.tgz"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# An SPDX 2.3 JSON document for the drafs binary from `cargo tree` lines
-# ("NAME vVERSION|LICENSE", one per crate) on standard input:
+# An SPDX 2.3 JSON document for the drafs binaries from lines
+# "NAME vVERSION|LICENSE", one per crate, on standard input (release.sh makes
+# them from the lists cargo auditable embeds in the binaries):
 #   release/spdx.sh VERSION COMMIT <crates >drafs-VERSION.spdx.json
 # Each crate is a package with its crates.io purl; drafs itself is the
 # described package, and each crate is its dependency.
@@ -17,7 +18,7 @@ jq -R -s --arg version "$version" --arg commit "$commit" --arg now "$(date -u +%
       SPDXID: "SPDXRef-DOCUMENT",
       name: ("drafs-" + $version),
       documentNamespace: ("https://github.com/drafs/drafs/spdx/" + $version + "-" + $commit),
-      creationInfo: {created: $now, creators: ["Tool: drafs release/spdx.sh (cargo tree)"]},
+      creationInfo: {created: $now, creators: ["Tool: drafs release/spdx.sh (cargo auditable)"]},
       packages: ([{
           name: "drafs", SPDXID: "SPDXRef-drafs", versionInfo: $version,
           downloadLocation: "https://github.com/drafs/drafs", filesAnalyzed: false,

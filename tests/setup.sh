@@ -9,8 +9,9 @@
 #   - the Rust build of drafs;
 #   - the Kubernetes components, etcd, containerd, helm and the DRA test
 #     driver, built from one Go module into a cache outside the checkout
-#     (tests/go/build.sh); kube-apiserver v1.34, for the kube tier's second
-#     run in CI, is built by .ci/run (or on first use);
+#     (tests/go/build.sh), then cosign and an OCI registry for the release's
+#     tests (tests/go/build.sh release); kube-apiserver v1.34, for the kube
+#     tier's second run in CI, is built by .ci/run (or on first use);
 #   - the images the real node's pods run (tests/node/images.sh).
 # Each step is skipped when already done, so a second run costs seconds.
 set -euo pipefail
@@ -48,7 +49,9 @@ command -v go >/dev/null 2>&1 || { echo "setup: Go 1.26+ is needed for the kube 
 # the other fills.
 go_out=$(mktemp)
 trap 'rm -f "$go_out"' EXIT
-tests/go/build.sh >"$go_out" &
+# Then cosign and the registry the release's tests run (tests/release.sh,
+# tests/kube_release.rs).
+{ tests/go/build.sh >"$go_out" && tests/go/build.sh release >/dev/null; } &
 go_build=$!
 cargo build --all-targets
 # The shipped image (tests/node/images.sh below finds it built).
