@@ -224,8 +224,7 @@ impl Agent {
         let client = kube::Client::try_from(own).unwrap();
         let volumes = self.service.volumes.clone();
         let health = Arc::new(FollowHealth::default());
-        let follow =
-            node_pods::follow(client, "gpu-node-7".into(), health.clone(), move |uid| volumes.status_changed(uid));
+        let follow = node_pods::follow(client, "gpu-node-7".into(), health.clone(), volumes);
         runtime().spawn(follow);
         // Listed: what changes from now on is a change.
         let watching = wait_for(Duration::from_secs(10), || {

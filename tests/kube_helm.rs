@@ -412,7 +412,14 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!(daemonset["spec"]["updateStrategy"]["type"], "RollingUpdate");
     let paths: BTreeSet<&str> =
         pod["volumes"].as_array().unwrap().iter().map(|v| v["hostPath"]["path"].as_str().unwrap()).collect();
-    let wanted = ["/var/lib/kubelet/pods", "/var/lib/kubelet/plugins/drafs.dev", "/var/lib/kubelet/plugins_registry"];
+    let wanted = [
+        "/var/lib/kubelet/pods",
+        "/var/lib/kubelet/plugins/drafs.dev",
+        "/var/lib/kubelet/plugins_registry",
+        // NRI (on by default): the runtime's socket's directory, the agent's own trees.
+        "/var/run/nri",
+        "/var/run/drafs/nri",
+    ];
     assert_eq!(paths, wanted.into_iter().collect(), "never the whole kubelet directory (its PKI)");
     let container = &pod["containers"][0];
     let bidirectional: Vec<&str> = container["volumeMounts"]
@@ -422,7 +429,7 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
         .filter(|m| m["mountPropagation"] == "Bidirectional")
         .map(|m| m["mountPath"].as_str().unwrap())
         .collect();
-    assert_eq!(bidirectional, ["/var/lib/kubelet/pods"]);
+    assert_eq!(bidirectional, ["/var/lib/kubelet/pods", "/var/run/drafs/nri"]);
     // Probed on a port of their own; /metrics on the pod's loopback only, unless asked.
     for probe in ["livenessProbe", "readinessProbe"] {
         assert_eq!(container[probe]["httpGet"]["port"], "healthz", "{probe}");
@@ -431,7 +438,15 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["ports"], json!([{"name": "healthz", "containerPort": 9808}]));
     let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    for arg in ["--max-pods=110", "--volume-size=12Mi", "--health-addr=0.0.0.0:9808", "--metrics-addr=127.0.0.1:9809"] {
+    for arg in [
+        "--max-pods=110",
+        "--volume-size=12Mi",
+        "--health-addr=0.0.0.0:9808",
+        "--metrics-addr=127.0.0.1:9809",
+        "--nri",
+        "--nri-socket=/var/run/nri/nri.sock",
+        "--nri-wait=500ms",
+    ] {
         assert!(args.contains(&arg), "{arg} not in {args:?}");
     }
     // The agent reads the token only where the CSIDriver has the kubelet put it.

@@ -148,10 +148,39 @@ pub struct NodeArgs {
     /// own (its volumeAttributes, its nodePublishSecretRef), and a token there is never used.
     #[arg(long, env = "DRAFS_TOKEN_IN", value_enum, default_value_t = TokenIn::VolumeContext, value_name = "WHERE")]
     pub token_in: TokenIn,
+    /// Also serve as an NRI plugin of the container runtime: a container of an opted-in pod (label
+    /// drafs.dev/nri=enabled on it or its namespace) that uses a claim gets its own tree mounted at
+    /// /dra, with nothing in the pod's spec (docs/node-mode.md). Implies --watch-node-pods. Needs
+    /// get, list and watch of pods and resourceclaims, list and watch of namespaces.
+    #[arg(long, env = "DRAFS_NRI")]
+    pub nri: bool,
+    /// The runtime's NRI socket (while it is missing, containers are not served through NRI).
+    #[arg(long, env = "DRAFS_NRI_SOCKET", default_value = "/var/run/nri/nri.sock", value_name = "SOCKET")]
+    pub nri_socket: PathBuf,
+    /// The agent's directory of the pods it serves through NRI, a host path the runtime binds from
+    /// (a tmpfs per pod in it).
+    #[arg(long, env = "DRAFS_NRI_DIR", default_value = "/var/run/drafs/nri", value_name = "DIR")]
+    pub nri_dir: PathBuf,
+    /// Longest a container's creation waits for its tree before it is refused with what is missing
+    /// (the kubelet retries): every container creation on the node waits behind it.
+    #[arg(long, env = "DRAFS_NRI_WAIT", default_value = "500ms", value_name = "DURATION", value_parser = parse_duration)]
+    pub nri_wait: std::time::Duration,
+    /// The plugin's place among the runtime's NRI plugins (two digits; they are called in order).
+    #[arg(long, env = "DRAFS_NRI_PLUGIN_INDEX", default_value = "90", value_name = "NN", value_parser = parse_plugin_index)]
+    pub nri_plugin_index: String,
     /// Serve only /healthz and /readyz on this address, for the kubelet's probes (which must reach
     /// it) while /metrics stays on --metrics-addr (which need not: e.g. 127.0.0.1); off by default.
     #[arg(long, env = "DRAFS_HEALTH_ADDR", value_name = "ADDR")]
     pub health_addr: Option<std::net::SocketAddr>,
+}
+
+/// Two digits, as NRI orders its plugins.
+fn parse_plugin_index(s: &str) -> Result<String, String> {
+    if s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not two digits (00 to 99)"))
+    }
 }
 
 /// `--csi-driver`, for the commands that name or recognize the volume of mode

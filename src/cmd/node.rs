@@ -18,6 +18,7 @@ use crate::node::csi::Service;
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
 use crate::node::node_pods;
+use crate::node::nri::{self, door::NriDoor, door::NriSettings, metrics::NriMetrics, plugin::PluginSettings};
 use crate::node::places::{PENDING_HOLD, PlaceLimits};
 use crate::node::request::TokenIn;
 use crate::node::served::{Limits, Served, Timing};
@@ -39,12 +40,16 @@ pub struct Config {
     pub limits: Limits,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub health_addr: Option<std::net::SocketAddr>,
+    /// Serve through NRI too (`--nri`).
+    pub nri: Option<(NriSettings, PluginSettings)>,
 }
 
 impl Config {
     pub fn from_args(args: &NodeArgs) -> Result<Self, Failure> {
-        if !args.kubelet_dir.is_absolute() {
-            return Err(Failure::Usage(format!("--kubelet-dir {} must be absolute", args.kubelet_dir.display())));
+        for (flag, dir) in [("--kubelet-dir", &args.kubelet_dir), ("--nri-dir", &args.nri_dir)] {
+            if !dir.is_absolute() {
+                return Err(Failure::Usage(format!("{flag} {} must be absolute", dir.display())));
+            }
         }
         let endpoint = args
             .endpoint
@@ -72,6 +77,19 @@ impl Config {
             },
             metrics_addr: args.metrics_addr,
             health_addr: args.health_addr,
+            nri: args.nri.then(|| {
+                let door = NriSettings {
+                    dir: args.nri_dir.clone(),
+                    csi_driver: args.driver_name.clone(),
+                    wait: args.nri_wait,
+                };
+                let plugin = PluginSettings {
+                    socket: args.nri_socket.clone(),
+                    name: "drafs".into(),
+                    index: args.nri_plugin_index.clone(),
+                };
+                (door, plugin)
+            }),
         })
     }
 }
@@ -101,10 +119,38 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         SystemMounts,
         node_metrics.clone(),
     );
-    let node_pods = c.watch_node_pods.then(|| {
-        let (volumes, health) = (volumes.clone(), Arc::new(FollowHealth::default()));
-        let follow = node_pods::follow(own, c.node_name.clone(), health.clone(), volumes);
-        tokio::spawn(follow);
+    // Through NRI: the door, the plugin, the opted-in namespaces; the node's
+    // pods are then watched whatever --watch-node-pods says.
+    let nri = match &c.nri {
+        Some((settings, plugin)) => {
+            std::fs::create_dir_all(&settings.dir)
+                .map_err(failed(format!("cannot make {}", settings.dir.display())))?;
+            let metrics = Arc::new(NriMetrics::default());
+            let door = NriDoor::new(volumes.clone(), own.clone(), settings.clone(), metrics.clone());
+            tokio::spawn(nri::plugin::serve(door.clone(), plugin.clone()));
+            let (listed, changed) = (door.clone(), door.clone());
+            tokio::spawn(node_pods::follow_namespaces(
+                own.clone(),
+                format!("{}=enabled", nri::policy::NRI_LABEL),
+                Arc::new(FollowHealth::default()),
+                move |names| listed.namespaces_listed(names),
+                move |name, enabled| changed.namespace_changed(name, enabled),
+            ));
+            tokio::spawn(door.clone().refresh_every(c.timing.refresh));
+            info!(socket = %plugin.socket.display(), dir = %settings.dir.display(), "serving through NRI too, once the runtime's socket is there");
+            Some((door, metrics))
+        }
+        None => None,
+    };
+    let node_pods = (c.watch_node_pods || nri.is_some()).then(|| {
+        let health = Arc::new(FollowHealth::default());
+        let follow = match &nri {
+            Some((door, _)) => {
+                tokio::spawn(node_pods::follow(own.clone(), c.node_name.clone(), health.clone(), door.clone()))
+            }
+            None => tokio::spawn(node_pods::follow(own.clone(), c.node_name.clone(), health.clone(), volumes.clone())),
+        };
+        drop(follow);
         (c.node_name.clone(), health)
     });
     let bind = |path: &PathBuf| OwnSocket::bind(path).map_err(failed(format!("cannot listen on {}", path.display())));
@@ -117,6 +163,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         volumes: volumes.clone(),
         slices,
         node_pods,
+        nri: nri.as_ref().map(|(_, metrics)| metrics.clone()),
         sockets: [endpoint.clone(), registration.clone()],
         limits: c.limits,
     });

@@ -26,6 +26,7 @@ use crate::node::grpc;
 use crate::node::metrics::{Census, NodeMetrics};
 use crate::node::mounts::Mounts;
 use crate::node::node_pods;
+use crate::node::nri::metrics::NriMetrics;
 use crate::node::served::{Limits, Served};
 use crate::publish::metrics::Exposition;
 
@@ -97,6 +98,8 @@ pub struct Health<M: Mounts> {
     pub slices: Arc<SharedSlices>,
     /// The node's pods' watch (`--watch-node-pods`), if the agent keeps one.
     pub node_pods: Option<(String, Arc<FollowHealth>)>,
+    /// The NRI door's, when the agent serves through NRI too.
+    pub nri: Option<Arc<NriMetrics>>,
     pub sockets: [Arc<OwnSocket>; 2],
     pub limits: Limits,
 }
@@ -122,11 +125,17 @@ impl<M: Mounts> Health<M> {
 
 impl<M: Mounts> Exposition for Health<M> {
     fn text(&self) -> String {
-        self.metrics.render(&self.census())
+        let mut text = self.metrics.render(&self.census());
+        if let Some(nri) = &self.nri {
+            let mut out = crate::publish::prometheus::Text::default();
+            nri.render(&mut out);
+            text.push_str(&out.into_text());
+        }
+        text
     }
 
     fn unready_reason(&self) -> Option<String> {
-        self.metrics.unready_reason(&self.census())
+        self.metrics.unready_reason(&self.census()).or_else(|| self.nri.as_ref().and_then(|n| n.unready_reason()))
     }
 }
 

@@ -133,7 +133,12 @@ pub fn field_selector(node: &str) -> String {
 
 /// The node's pods as a collection.
 fn collection(node: &str) -> Collection {
-    Collection { url: "/api/v1/pods", resource: "pods", field_selector: field_selector(node), label_selector: String::new() }
+    Collection {
+        url: "/api/v1/pods",
+        resource: "pods",
+        field_selector: field_selector(node),
+        label_selector: String::new(),
+    }
 }
 
 /// What the agent does with what the node's pod watch sees.
@@ -196,7 +201,7 @@ pub async fn follow(client: Client, node: String, health: Arc<FollowHealth>, obs
 /// came (true) or went (false).
 pub async fn follow_namespaces(
     client: Client,
-    label: &str,
+    label: String,
     health: Arc<FollowHealth>,
     listed: impl Fn(std::collections::BTreeSet<String>),
     changed: impl Fn(&str, bool),
@@ -205,7 +210,7 @@ pub async fn follow_namespaces(
         url: "/api/v1/namespaces",
         resource: "namespaces",
         field_selector: String::new(),
-        label_selector: label.to_string(),
+        label_selector: label,
     };
     let name_of = |raw: &str| crate::engine::api::object_meta(raw).map(|(name, _)| name).filter(|n| !n.is_empty());
     let mut listing = std::collections::BTreeSet::new();

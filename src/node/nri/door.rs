@@ -31,10 +31,10 @@ use crate::model::layout;
 use crate::model::record::Record;
 use crate::model::resolve::Selection;
 use crate::node::grpc::{Code, Handler, Status};
-use crate::node::nri::metrics::{Link, NriMetrics};
 use crate::node::mounts::{AtTarget, Mounts};
 use crate::node::node_pods::NodePods;
 use crate::node::nri::api::{self, Event, PLUGIN_SERVICE};
+use crate::node::nri::metrics::{Link, NriMetrics};
 use crate::node::nri::policy::{self, MountOptions, PodFacts, Skip};
 use crate::node::served::{RunSpec, Served, Slot, SlotKind, internal};
 use crate::publish::metadata_dir::{DriverOwned, read_regular};
@@ -90,7 +90,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<M: Mounts> NriDoor<M> {
-    pub fn new(served: Arc<Served<M>>, own: kube::Client, settings: NriSettings, metrics: Arc<NriMetrics>) -> Arc<Self> {
+    pub fn new(
+        served: Arc<Served<M>>,
+        own: kube::Client,
+        settings: NriSettings,
+        metrics: Arc<NriMetrics>,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| NriDoor {
             me: me.clone(),
             served,
@@ -103,6 +108,24 @@ impl<M: Mounts> NriDoor<M> {
             request_timeout: Mutex::new(DEFAULT_REQUEST_TIMEOUT),
             metrics,
         })
+    }
+
+    /// Have every pod served through NRI read its pod and claims again every
+    /// `refresh` (what changes later without a health change: a claim's
+    /// status a driver updates), as a CSI volume's republish does.
+    pub async fn refresh_every(self: Arc<Self>, refresh: Duration) {
+        let mut ticks = tokio::time::interval(refresh.max(Duration::from_secs(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let uids: Vec<String> = lock(&self.serving).keys().cloned().collect();
+            for uid in uids {
+                if let Some(slot) = self.served.slot(&Self::slot_key(&uid)) {
+                    slot.poke.send_modify(|n| *n += 1);
+                }
+            }
+        }
     }
 
     /// The opted-in namespaces now (the namespace watch lists them again).
@@ -131,7 +154,8 @@ impl<M: Mounts> NriDoor<M> {
         if facts.containers.is_empty() || facts.uid.is_empty() {
             return;
         }
-        let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
+        let finished =
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
         let early = !finished && pod.metadata.deletion_timestamp.is_none() && self.wants(&facts);
         lock(&self.pods).insert(facts.uid.clone(), facts.clone());
         if early && !lock(&self.serving).contains_key(&facts.uid) {
@@ -250,9 +274,9 @@ impl<M: Mounts> NriDoor<M> {
             return Ok(facts);
         }
         let api: kube::Api<Pod> = kube::Api::namespaced(self.own.clone(), &sandbox.namespace);
-        let pod = crate::publish::call::bounded(limit, api.get(&sandbox.name))
-            .await
-            .map_err(|e| Status::new(Code::Unavailable, format!("cannot read pod {}/{}: {e}", sandbox.namespace, sandbox.name)))?;
+        let pod = crate::publish::call::bounded(limit, api.get(&sandbox.name)).await.map_err(|e| {
+            Status::new(Code::Unavailable, format!("cannot read pod {}/{}: {e}", sandbox.namespace, sandbox.name))
+        })?;
         let facts = PodFacts::of(&pod, &self.settings.csi_driver);
         if facts.uid != sandbox.uid {
             return Err(Status::new(Code::Unavailable, "the pod read is another one of the same name"));
@@ -265,8 +289,10 @@ impl<M: Mounts> NriDoor<M> {
     /// prepared the devices just now).
     async fn pod_sandbox_runs(&self, pod: api::PodSandbox) {
         lock(&self.sandboxes).insert(pod.id.clone(), pod.uid.clone());
-        if !policy::opted_in(pod.labels.get(policy::NRI_LABEL).map(String::as_str), self.namespace_enabled(&pod.namespace))
-        {
+        if !policy::opted_in(
+            pod.labels.get(policy::NRI_LABEL).map(String::as_str),
+            self.namespace_enabled(&pod.namespace),
+        ) {
             return;
         }
         let limit = self.answer_within(None);
@@ -295,7 +321,11 @@ impl<M: Mounts> NriDoor<M> {
     }
 
     /// CreateContainer: the container's mounts, or why it must wait.
-    async fn container_created(&self, request: api::CreateContainerRequest, timeout: Option<Duration>) -> Result<api::CreateContainerResponse, Status> {
+    async fn container_created(
+        &self,
+        request: api::CreateContainerRequest,
+        timeout: Option<Duration>,
+    ) -> Result<api::CreateContainerResponse, Status> {
         let started = Instant::now();
         let budget = self.answer_within(timeout);
         let (Some(sandbox), Some(container)) = (request.pod, request.container) else {
@@ -306,7 +336,8 @@ impl<M: Mounts> NriDoor<M> {
             // Every container of the node comes through here: nothing to do is answered at once.
             return Ok(api::CreateContainerResponse::default());
         }
-        let span = info_span!("nri", pod = %format!("{}/{}", sandbox.namespace, sandbox.name), container = %container.name);
+        let span =
+            info_span!("nri", pod = %format!("{}/{}", sandbox.namespace, sandbox.name), container = %container.name);
         async {
             let answer = self.mounts_for(&sandbox, &container, started + budget).await;
             match &answer {
@@ -353,7 +384,9 @@ impl<M: Mounts> NriDoor<M> {
                 self.metrics.skipped(Skip::Occupied);
                 return Err(Status::new(
                     Code::FailedPrecondition,
-                    format!("the container mounts something of its own at {dir}, where drafs mounts its tree: move it, or set annotation drafs.dev/dir"),
+                    format!(
+                        "the container mounts something of its own at {dir}, where drafs mounts its tree: move it, or set annotation drafs.dev/dir"
+                    ),
                 ));
             }
         }
@@ -363,12 +396,22 @@ impl<M: Mounts> NriDoor<M> {
         if !self.wait_ready(&slot, &tree, until).await {
             // Read again now: a value a driver writes late is there at the kubelet's next try.
             slot.poke.send_modify(|n| *n += 1);
-            return Err(Status::new(Code::Unavailable, format!("drafs is waiting for the container's devices: {}", missing(&tree))));
+            return Err(Status::new(
+                Code::Unavailable,
+                format!("drafs is waiting for the container's devices: {}", missing(&tree)),
+            ));
         }
         let mut mounts = vec![policy::bind(&tree, &options.dir)];
         if let Some(standard) = &options.metadata_dir {
             let dir = standard_dir(&slot.target, &container.name);
-            self.make_room_for_drivers(&slot, &facts.uid, &container.name, &dir, &policy::driver_binds(&container.mounts, standard)).await?;
+            self.make_room_for_drivers(
+                &slot,
+                &facts.uid,
+                &container.name,
+                &dir,
+                &policy::driver_binds(&container.mounts, standard),
+            )
+            .await?;
             mounts.push(policy::bind(&dir, standard));
         }
         if let Some(mut call) = call {
@@ -424,8 +467,7 @@ impl<M: Mounts> NriDoor<M> {
     /// tmpfs is still mounted), and remove those of pods gone while the
     /// agent was away.
     async fn synchronize(&self, request: api::SynchronizeRequest) {
-        let running: HashMap<String, api::PodSandbox> =
-            request.pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        let running: HashMap<String, api::PodSandbox> = request.pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         {
             let mut sandboxes = lock(&self.sandboxes);
             for pod in running.values() {
@@ -447,10 +489,16 @@ impl<M: Mounts> NriDoor<M> {
                         let limit = door.answer_within(None);
                         match door.facts_of(&sandbox, limit * 4).await {
                             Ok(facts) => match door.ensure_serving(&facts).await {
-                                Ok(_) => info!(pod = %format!("{}/{}", facts.namespace, facts.name), "its tree taken back"),
-                                Err(e) => warn!(pod = %format!("{}/{}", facts.namespace, facts.name), "cannot take its tree back: {}", e.message),
+                                Ok(_) => {
+                                    info!(pod = %format!("{}/{}", facts.namespace, facts.name), "its tree taken back")
+                                }
+                                Err(e) => {
+                                    warn!(pod = %format!("{}/{}", facts.namespace, facts.name), "cannot take its tree back: {}", e.message)
+                                }
                             },
-                            Err(e) => warn!(pod = %format!("{}/{}", sandbox.namespace, sandbox.name), "cannot take its tree back: {}", e.message),
+                            Err(e) => {
+                                warn!(pod = %format!("{}/{}", sandbox.namespace, sandbox.name), "cannot take its tree back: {}", e.message)
+                            }
                         }
                     });
                 }

@@ -92,21 +92,44 @@ impl NriMetrics {
             Link::Failing(_) => "failing",
         };
         out.sample(name, &[("state", state)], u8::from(state == "serving"));
-        out.single("drafs_node_nri_joins_total", Kind::Counter, "Times the plugin registered with the runtime and was synchronized.", self.joins.load(Ordering::Relaxed));
-        out.single("drafs_node_nri_containers_adjusted_total", Kind::Counter, "Containers given their tree's mounts.", self.adjusted.load(Ordering::Relaxed));
+        out.single(
+            "drafs_node_nri_joins_total",
+            Kind::Counter,
+            "Times the plugin registered with the runtime and was synchronized.",
+            self.joins.load(Ordering::Relaxed),
+        );
+        out.single(
+            "drafs_node_nri_containers_adjusted_total",
+            Kind::Counter,
+            "Containers given their tree's mounts.",
+            self.adjusted.load(Ordering::Relaxed),
+        );
         let answered = *lock(&self.answered);
-        answered.render(out, "drafs_node_nri_create_duration_seconds", "Time to answer the creation of a container given its mounts (its wait for its tree included).");
+        answered.render(
+            out,
+            "drafs_node_nri_create_duration_seconds",
+            "Time to answer the creation of a container given its mounts (its wait for its tree included).",
+        );
         let name = "drafs_node_nri_containers_refused_total";
         out.family(name, Kind::Counter, "Container creations answered with an error (the kubelet retries), by code: Unavailable (its tree not ready), ResourceExhausted (no place), InvalidArgument (the pod's annotations), FailedPrecondition (its own mount where the tree goes).");
         for (code, n) in lock(&self.refused).iter() {
             out.sample(name, &[("code", code)], n);
         }
         let name = "drafs_node_nri_containers_skipped_total";
-        out.family(name, Kind::Counter, "Containers of opted-in pods left as they are, by reason (no_device, has_drafs, occupied).");
+        out.family(
+            name,
+            Kind::Counter,
+            "Containers of opted-in pods left as they are, by reason (no_device, has_drafs, occupied).",
+        );
         for (reason, n) in lock(&self.skipped).iter() {
             out.sample(name, &[("reason", reason)], n);
         }
-        out.single("drafs_node_nri_synchronized_pods", Kind::Gauge, "Pod sandboxes the runtime listed at the last synchronization.", self.synchronized_pods.load(Ordering::Relaxed));
+        out.single(
+            "drafs_node_nri_synchronized_pods",
+            Kind::Gauge,
+            "Pod sandboxes the runtime listed at the last synchronization.",
+            self.synchronized_pods.load(Ordering::Relaxed),
+        );
     }
 }
 

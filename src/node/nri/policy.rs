@@ -15,9 +15,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::model::names::{
-    DEFAULT_DIR, DIR_ANNOTATION, DRAFS_CONTAINER, METADATA_DIR_ANNOTATION, REQUIRE_ANNOTATION,
-};
+use crate::model::names::{DEFAULT_DIR, DIR_ANNOTATION, DRAFS_CONTAINER, METADATA_DIR_ANNOTATION, REQUIRE_ANNOTATION};
 use crate::model::resolve::ContainerClaims;
 use crate::model::tree::RequirePath;
 use crate::node::nri::api::Mount;
@@ -101,7 +99,9 @@ fn options(annotations: &BTreeMap<String, String>) -> Result<MountOptions, Strin
         None => None,
     };
     if metadata_dir.as_deref().is_some_and(|m| nested(m, &dir) || nested(&dir, m)) {
-        return Err(format!("annotations {DIR_ANNOTATION} and {METADATA_DIR_ANNOTATION} must not be one inside the other"));
+        return Err(format!(
+            "annotations {DIR_ANNOTATION} and {METADATA_DIR_ANNOTATION} must not be one inside the other"
+        ));
     }
     let require = annotations
         .get(REQUIRE_ANNOTATION)
@@ -226,14 +226,19 @@ mod tests {
     #[test]
     fn the_facts_name_the_containers_that_use_a_device_and_the_options() {
         let facts = PodFacts::of(&pod(json!({})), "drafs.dev");
-        assert_eq!((facts.uid.as_str(), facts.node.as_deref(), facts.label.as_deref()), ("u1", Some("n1"), Some("enabled")));
+        assert_eq!(
+            (facts.uid.as_str(), facts.node.as_deref(), facts.label.as_deref()),
+            ("u1", Some("n1"), Some("enabled"))
+        );
         let names: Vec<&str> = facts.containers.iter().map(|c| c.container.as_str()).collect();
         assert_eq!(names, ["setup", "app"], "the logger uses no device");
         assert!(!facts.has_drafs);
         assert_eq!(facts.options, Ok(MountOptions { dir: "/dra".into(), metadata_dir: None, require: vec![] }));
         let asked = PodFacts::of(
-            &pod(json!({DIR_ANNOTATION: "/devices/", METADATA_DIR_ANNOTATION: "/var/run/kubernetes.io/dra-device-attributes",
-                       REQUIRE_ANNOTATION: "gpus/train/0/uuid, gpus/train/0/.status/data"})),
+            &pod(
+                json!({DIR_ANNOTATION: "/devices/", METADATA_DIR_ANNOTATION: "/var/run/kubernetes.io/dra-device-attributes",
+                       REQUIRE_ANNOTATION: "gpus/train/0/uuid, gpus/train/0/.status/data"}),
+            ),
             "drafs.dev",
         );
         let options = asked.options.unwrap();
@@ -252,7 +257,8 @@ mod tests {
     fn a_pod_with_drafs_already_is_known() {
         let mut with_volume = pod(json!({}));
         let spec = with_volume.spec.as_mut().unwrap();
-        spec.volumes = Some(vec![serde_json::from_value(json!({"name": "dra", "csi": {"driver": "drafs.dev"}})).unwrap()]);
+        spec.volumes =
+            Some(vec![serde_json::from_value(json!({"name": "dra", "csi": {"driver": "drafs.dev"}})).unwrap()]);
         assert!(PodFacts::of(&with_volume, "drafs.dev").has_drafs);
         assert!(!PodFacts::of(&with_volume, "other.example").has_drafs);
         let mut with_container = pod(json!({}));
@@ -274,7 +280,9 @@ mod tests {
         let mount = |dest: &str| Mount { destination: dest.into(), ..Default::default() };
         let standard = "/var/run/kubernetes.io/dra-device-attributes";
         let mounts = [
-            mount("/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json"),
+            mount(
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/gpu.example.com-metadata.json",
+            ),
             mount("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/../../../etc-metadata.json"),
             mount("/var/run/kubernetes.io/dra-device-attributes-other/x/d-metadata.json"),
             mount("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/notes.txt"),

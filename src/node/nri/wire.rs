@@ -193,7 +193,13 @@ impl Connection {
     }
 
     /// Call `method` of `service` on the runtime, waiting at most `timeout`.
-    pub async fn call(&self, service: &str, method: &str, request: Vec<u8>, timeout: Duration) -> Result<Bytes, Status> {
+    pub async fn call(
+        &self,
+        service: &str,
+        method: &str,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Bytes, Status> {
         let stream = {
             let mut next = self.next_stream.lock().unwrap_or_else(|e| e.into_inner());
             let stream = *next;
@@ -423,7 +429,8 @@ mod tests {
         let asked = WireRequest::decode(message.body).unwrap();
         assert_eq!((asked.service.as_str(), asked.method.as_str()), ("rt.Runtime", "Register"));
         assert!(asked.timeout_nano > 0);
-        let refused = WireResponse { status: Some(WireStatus { code: 3, message: "bad name".into() }), payload: Bytes::new() };
+        let refused =
+            WireResponse { status: Some(WireStatus { code: 3, message: "bad name".into() }), payload: Bytes::new() };
         runtime.send(RUNTIME_CONN, message.stream, RESPONSE, &refused.encode_to_vec()).await;
         assert_eq!(call.await.unwrap(), Err(Status::new(Code::InvalidArgument, "bad name")));
         // The runtime goes away: the connection says so, and calls fail at once.
