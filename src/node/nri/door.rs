@@ -222,6 +222,15 @@ impl<M: Mounts> NriDoor<M> {
                     return Err(e);
                 }
             };
+            // Each container's directories, in the pod's tmpfs: the run writes into them.
+            for c in &facts.containers {
+                let standard = options.metadata_dir.as_ref().map(|_| standard_dir(&slot.target, &c.container));
+                for dir in std::iter::once(slot.target.join(&c.container)).chain(standard) {
+                    if let Err(e) = std::fs::create_dir_all(&dir) {
+                        return Err(internal("create", &dir, e));
+                    }
+                }
+            }
             let owned: HashMap<String, DriverOwned> =
                 facts.containers.iter().map(|c| (c.container.clone(), DriverOwned::default())).collect();
             let containers = facts
