@@ -315,9 +315,14 @@ impl<M: Mounts> Served<M> {
     }
 
     /// Add `slot`, with a call on its pod's place; the pods whose places
-    /// were taken back for it. `namespace`: its pod's.
+    /// were taken back for it. `namespace`: its pod's. A slot made at its
+    /// key meanwhile (two calls for one tree at once) is the one returned.
     pub(super) fn add_slot(&self, slot: Slot, namespace: &str) -> Result<SlotFor<'_, M>, Status> {
         let mut table = self.table();
+        if let Some(existing) = table.slots.get(&slot.key).cloned() {
+            drop(table);
+            return self.call_on(existing, namespace);
+        }
         let (call, taken) = self.place_call(&mut table, &slot.pod_uid, namespace)?;
         let slot = Arc::new(slot);
         table.slots.insert(slot.key.clone(), slot.clone());
@@ -436,6 +441,26 @@ impl<M: Mounts> Served<M> {
         })?;
         state.turns = Some(turns.clone());
         Ok(turns)
+    }
+
+    /// Remove the tree at `target` left by an earlier agent, unless a slot
+    /// is at `key` (made or taken back by this one): a slot standing for the
+    /// removal is at the key meanwhile, so that nothing makes one there
+    /// until the tree is gone. Whether it was removed.
+    pub(super) fn remove_left_over(&self, key: &str, target: &Path, pod: &PodRef, uid: &str) -> Result<bool, Status> {
+        let slot = {
+            let mut table = self.table();
+            if table.slots.contains_key(key) {
+                return Ok(false);
+            }
+            let slot = Arc::new(Slot::new(key.to_string(), target.to_path_buf(), pod, uid, SlotKind::Containers));
+            slot.reclaimed.store(true, Ordering::Release);
+            table.slots.insert(key.to_string(), slot.clone());
+            slot
+        };
+        let removed = self.remove_target(target);
+        self.forget(&slot, false);
+        removed.map(|()| true)
     }
 
     /// Unmount drafs's tmpfs at `target` and remove the directory.

@@ -37,6 +37,7 @@ use crate::node::nri::api::{self, Event, PLUGIN_SERVICE};
 use crate::node::nri::metrics::{Link, NriMetrics};
 use crate::node::nri::policy::{self, MountOptions, PodFacts, Skip};
 use crate::node::served::{RunSpec, Served, Slot, SlotKind, internal};
+use crate::publish::files::DATA_LINK;
 use crate::publish::metadata_dir::{DriverOwned, read_regular};
 
 /// An answer this much before the runtime's deadline: later, the runtime
@@ -511,10 +512,16 @@ impl<M: Mounts> NriDoor<M> {
                         }
                     });
                 }
+                // A pod the node's pod watch knows: its tree is being made anew for it.
+                None if lock(&self.pods).contains_key(&uid) => {}
                 None => {
-                    info!(dir = %path.display(), "the tree of a pod gone while the agent was away: removed");
-                    if let Err(e) = self.served.remove_target(&path) {
-                        warn!(dir = %path.display(), "cannot remove it: {}", e.message);
+                    let pod = PodRef { namespace: String::new(), name: format!("uid {uid}") };
+                    match self.served.remove_left_over(&Self::slot_key(&uid), &path, &pod, &uid) {
+                        Ok(true) => {
+                            info!(dir = %path.display(), "the tree of a pod gone while the agent was away: removed")
+                        }
+                        Ok(false) => {}
+                        Err(e) => warn!(dir = %path.display(), "cannot remove a tree of a pod gone: {}", e.message),
                     }
                 }
             }
@@ -575,9 +582,11 @@ fn placeholder(path: &Path) -> Result<(), Status> {
     }
 }
 
-/// What a container's tree still misses, from its record.
+/// What a container's tree still misses, from its record (in the payload
+/// `..data` leads to: the record's name in the tree is a link, never followed).
 fn missing(tree: &Path) -> String {
-    let record = read_regular(&tree.join(layout::RECORD)).and_then(|text| serde_json::from_slice::<Record>(&text).ok());
+    let path = tree.join(DATA_LINK).join(layout::RECORD);
+    let record = read_regular(&path).and_then(|text| serde_json::from_slice::<Record>(&text).ok());
     match record {
         Some(record) if !record.missing.is_empty() => record.missing.join("; "),
         Some(_) => "its tree is being written".into(),
