@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::node::{
-    self, GPU_DRIVER, NIC_DRIVER, NODE_NAME, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app,
+    self, GPU_DRIVER, NIC_DRIVER, Node, SHELL_IMAGE, gpu_pod, log_line, read_in_app, wait_read_in_app,
 };
 use support::*;
 
@@ -29,15 +29,9 @@ fn kill_agent(mut agent: Child) {
     agent.wait().unwrap();
 }
 
-/// Whether the kubelet lists drafs among the node's CSI drivers.
-fn is_registered(node: &Node) -> bool {
-    node.get_json(&["csinode", NODE_NAME])
-        .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == DRIVER))
-}
-
 /// Until the kubelet lists drafs among the node's CSI drivers.
 fn wait_registered(node: &Node) {
-    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
+    let registered = wait_for(Duration::from_secs(30), || node.csi_registered(DRIVER));
     assert!(registered, "the kubelet did not register {DRIVER}\n{}", node.diagnostics());
 }
 
@@ -259,52 +253,6 @@ fn a_launcher_reads_the_standard_view_from_a_csi_volume_beside_a_drivers_own_fil
     kill_agent(agent);
 }
 
-/// The chart's node part (`--set node.enabled=true`), as `helm template`
-/// renders it for the node's image.
-fn chart_node_objects() -> String {
-    chart_node_objects_with(node::DRAFS_IMAGE, &[])
-}
-
-/// The chart's node part for `image`, with more `--set` values.
-fn chart_node_objects_with(image: &str, values: &[&str]) -> String {
-    let (repository, tag) = image.split_once(':').unwrap();
-    let mut cmd = std::process::Command::new(support::helm::binary());
-    cmd.args(["template", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system", "--kube-version", "1.37.2"])
-        .args(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never"])
-        .args(["--set", &format!("image.repository={repository}"), "--set", &format!("image.tag={tag}")])
-        .args(["--show-only", "templates/node.yaml"]);
-    for value in values {
-        cmd.args(["--set", value]);
-    }
-    let out = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
-    assert!(out.status.success(), "helm template: {}", stderr(&out));
-    stdout(&out)
-}
-
-/// The chart's agent on the node, ready (registered) once this returns.
-fn install_chart_agent(node: &Node, objects: &str) {
-    node.kubectl_apply(
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}).to_string(),
-    );
-    node.kubectl_apply(objects);
-    wait_chart_agent(node);
-}
-
-/// Until the chart's DaemonSet has its one pod ready and the kubelet lists the driver.
-fn wait_chart_agent(node: &Node) {
-    let ds = wait_for(Duration::from_secs(90), || {
-        node.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
-            .is_some_and(|d| d["status"]["numberReady"] == 1 && d["status"]["updatedNumberScheduled"] == 1)
-    });
-    assert!(ds, "the DaemonSet's pod is not ready\n{}", node.kubectl_ok(&["describe", "pods", "-n", "drafs-system"]));
-    let registered = wait_for(Duration::from_secs(30), || is_registered(node));
-    assert!(registered, "the kubelet did not register {DRIVER}; the agent's log:\n{}", agent_log(node));
-}
-
-fn agent_log(node: &Node) -> String {
-    node.kubectl_ok(&["logs", "-n", "drafs-system", "daemonset/drafs-node"])
-}
-
 /// The agent pod's restarts (the DaemonSet's one pod).
 fn agent_restarts(node: &Node) -> u64 {
     let pods = node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"]).unwrap();
@@ -320,7 +268,8 @@ fn agent_restarts(node: &Node) -> u64 {
 #[test]
 fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     let Some(node) = node::shared() else { return };
-    install_chart_agent(node, &chart_node_objects());
+    // The CSI volume alone (tests/realnode_nri.rs runs the chart's default, NRI too).
+    node.install_chart_agent(&node::chart_node_objects(node::DRAFS_IMAGE, &["node.nri.enabled=false"]));
     // Kubernetes 1.35+: the kubelet sends the pod's token in the request's
     // secrets (KEP-5538), which the agent reads.
     let csi_driver = node.get_json(&["csidriver", DRIVER]).unwrap();
@@ -378,8 +327,8 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
     let lacking = volume_rbac["details"]["lacking"].to_string();
     assert!(!lacking.contains(&format!("\"{ns}/")), "{volume_rbac:#}");
 
-    // The agent's own account may read the slices and nothing else: the
-    // pod and its claims were read as the pod.
+    // Without NRI, the agent's own account may read the slices and nothing
+    // else: the pod and its claims were read as the pod.
     let can = |verb: &str, what: &str| {
         let account = "system:serviceaccount:drafs-system:drafs-node";
         node.kubectl(&["auth", "can-i", verb, what, "--all-namespaces", "--as", account]).status.success()
@@ -398,8 +347,8 @@ fn the_charts_daemonset_serves_restricted_pods_on_the_node() {
 #[test]
 fn a_health_change_reaches_the_volume_of_a_pod_past_its_watch_window() {
     let Some(node) = node::shared() else { return };
-    let values = ["node.watchNodePods=true", "node.extraArgs={--watch-for=5s}"];
-    install_chart_agent(node, &chart_node_objects_with(node::DRAFS_IMAGE, &values));
+    let values = ["node.watchNodePods=true", "node.extraArgs={--watch-for=5s}", "node.nri.enabled=false"];
+    node.install_chart_agent(&node::chart_node_objects(node::DRAFS_IMAGE, &values));
     let ns = "csi-health";
     node.namespace(ns, Some("restricted"));
     node.claim_template(ns, "one-gpu", "gpu.nvidia.com", "gpu");
@@ -407,9 +356,9 @@ fn a_health_change_reaches_the_volume_of_a_pod_past_its_watch_window() {
     let pod = node.wait_running(ns, "app");
     // Past the window: the volume's run watches its pod and claim no more.
     let parked = wait_for(Duration::from_secs(60), || {
-        agent_log(node).lines().any(|l| l.contains(&format!("pod={ns}/app")) && l.contains("watch window over"))
+        node.chart_agent_log().lines().any(|l| l.contains(&format!("pod={ns}/app")) && l.contains("watch window over"))
     });
-    assert!(parked, "the volume still watches its pod; the agent's log:\n{}", agent_log(node));
+    assert!(parked, "the volume still watches its pod; the agent's log:\n{}", node.chart_agent_log());
 
     let gpu = node.allocated_device(ns, "app", "gpu");
     let report = |state: &str, message: &str| node.report_gpu_health(&gpu, state, message);
@@ -504,7 +453,7 @@ fn thirty_pods_on_the_node_share_one_slice_watch_and_hold_no_watch_once_started(
 fn a_hostile_pod_leaves_every_other_pod_on_the_node_served() {
     const VOLUMES: usize = 120;
     let Some(node) = node::shared() else { return };
-    install_chart_agent(node, &chart_node_objects());
+    node.install_chart_agent(&node::chart_node_objects(node::DRAFS_IMAGE, &[]));
     let ns = "tenants";
     node.namespace(ns, Some("restricted"));
     node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
@@ -531,7 +480,7 @@ fn a_hostile_pod_leaves_every_other_pod_on_the_node_served() {
     assert!(
         told,
         "the hostile pod is not told why it waits; its events:\n{events}\nthe agent's log:\n{}",
-        agent_log(node)
+        node.chart_agent_log()
     );
 
     let pods: Vec<String> = (0..3).map(|i| format!("ordinary-{i}")).collect();
@@ -550,9 +499,9 @@ fn a_hostile_pod_leaves_every_other_pod_on_the_node_served() {
     assert!(
         left.is_empty(),
         "the hostile pod's volumes are left mounted: {left:#?}\nthe agent's log:\n{}",
-        agent_log(node)
+        node.chart_agent_log()
     );
-    assert_eq!(agent_restarts(node), 0, "the agent restarted; its log:\n{}", agent_log(node));
+    assert_eq!(agent_restarts(node), 0, "the agent restarted; its log:\n{}", node.chart_agent_log());
     node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
 }
 
@@ -743,7 +692,7 @@ fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
             .chain(["--set", &image[1]])
             .collect::<Vec<_>>(),
     );
-    wait_chart_agent(node);
+    node.wait_chart_agent();
     let ns = "upgrade";
     node.namespace(ns, Some("restricted"));
     node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
@@ -784,6 +733,6 @@ fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
         seen = read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName");
         seen == "NVIDIA H200 (rev 2)"
     });
-    assert!(live, "not live again after the upgrade: {seen:?}\n{}", agent_log(node));
+    assert!(live, "not live again after the upgrade: {seen:?}\n{}", node.chart_agent_log());
     node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
 }

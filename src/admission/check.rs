@@ -23,7 +23,9 @@ pub use configuration::{
     ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_namespace_mode,
 };
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
-pub use installation::{AGENT_ANNOTATION, AccountAccess, AgentPod, agent_daemonset, agents, csi_driver, volume_rbac};
+pub use installation::{
+    AGENT_ANNOTATION, AccountAccess, AgentPod, agent_daemonset, agents, csi_driver, nri, volume_rbac,
+};
 pub use node::node_agent;
 pub use pod::{drafs_container, pod_status};
 pub use rbac::rbac;

@@ -332,10 +332,10 @@ async fn installation(client: &Client, c: &Config) -> Report {
 
     // An agent of the installation's, ready and registered, on every Linux node.
     if let Some(driver) = &driver {
-        checks.push(match check::agent_daemonset(name, driver) {
-            Ok(daemonset) => agents(client, c.timeout, name, daemonset).await,
-            Err(check) => *check,
-        });
+        match check::agent_daemonset(name, driver) {
+            Ok(daemonset) => checks.extend(agents(client, c.timeout, name, daemonset).await),
+            Err(check) => checks.push(*check),
+        }
     }
 
     // The RBAC of the accounts whose pods use the volume (the agent reads as each pod).
@@ -357,40 +357,80 @@ async fn installation(client: &Client, c: &Config) -> Report {
 
 /// The agents check: the pods of the DaemonSet `(namespace, name)` (those
 /// its controller made, by their owner), against the Linux nodes and the
-/// drivers their kubelets registered.
-async fn agents(client: &Client, limit: Duration, driver: &str, (namespace, name): (String, String)) -> Check {
+/// drivers their kubelets registered; and the NRI check, from each ready
+/// agent's `/status` through the API server's pod proxy.
+async fn agents(client: &Client, limit: Duration, driver: &str, (namespace, name): (String, String)) -> Vec<Check> {
+    let (check, pods) = agents_of(client, limit, driver, (&namespace, &name)).await;
+    let mut checks = vec![check];
+    let enabled = pods
+        .iter()
+        .any(|p| p.spec.iter().flat_map(|s| &s.containers).any(|c| c.args.iter().flatten().any(|a| a == "--nri")));
+    let mut statuses = Vec::new();
+    for pod in pods.iter().filter(|_| enabled) {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        statuses.push((node, agent_status(client, limit, &namespace, pod).await));
+    }
+    checks.push(check::nri(enabled, &statuses));
+    checks
+}
+
+/// An agent's `/status`, on its probe port, through the API server's pod proxy.
+async fn agent_status(client: &Client, limit: Duration, namespace: &str, pod: &Pod) -> Result<Value, String> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let port = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("healthz"))
+        .map(|p| p.container_port)
+        .ok_or("its container has no port named healthz")?;
+    let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:{port}/proxy/status");
+    let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+    let text = bounded(limit, client.request_text(request)).await.map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("its /status is not JSON: {e}"))
+}
+
+/// The agents check, and the DaemonSet's pods it counted.
+async fn agents_of(
+    client: &Client,
+    limit: Duration,
+    driver: &str,
+    (namespace, name): (&str, &str),
+) -> (Check, Vec<Pod>) {
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::storage::v1::CSINode;
-    let daemonset = match bounded(limit, Api::<DaemonSet>::namespaced(client.clone(), &namespace).get_opt(&name)).await
-    {
+    let daemonset = match bounded(limit, Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(name)).await {
         Ok(Some(ds)) => ds,
         Ok(None) => {
             let message = format!(
                 "the CSIDriver {driver} names the DaemonSet {namespace}/{name} as its agents', and there is none: no node is served"
             );
-            return failed("agents", message);
+            return (failed("agents", message), Vec::new());
         }
-        Err(e) => return failed("agents", format!("cannot read the DaemonSet {namespace}/{name}: {e}")),
+        Err(e) => return (failed("agents", format!("cannot read the DaemonSet {namespace}/{name}: {e}")), Vec::new()),
     };
     let uid = daemonset.metadata.uid.clone().unwrap_or_default();
     let linux = ListParams::default().labels("kubernetes.io/os=linux");
     let nodes = bounded(limit, Api::<Node>::all(client.clone()).list(&linux)).await;
-    let pods = bounded(limit, Api::<Pod>::namespaced(client.clone(), &namespace).list(&ListParams::default())).await;
+    let pods = bounded(limit, Api::<Pod>::namespaced(client.clone(), namespace).list(&ListParams::default())).await;
     let csinodes = bounded(limit, Api::<CSINode>::all(client.clone()).list(&ListParams::default())).await;
     match (nodes, pods, csinodes) {
         (Ok(nodes), Ok(pods), Ok(csinodes)) => {
             let nodes: Vec<String> = nodes.items.into_iter().filter_map(|n| n.metadata.name).collect();
-            let agents: Vec<check::AgentPod> = pods.items.iter().filter_map(|p| agent_pod(p, &uid)).collect();
+            let owned: Vec<Pod> = pods.items.into_iter().filter(|p| agent_pod(p, &uid).is_some()).collect();
+            let agents: Vec<check::AgentPod> = owned.iter().filter_map(|p| agent_pod(p, &uid)).collect();
             let registered = csinodes
                 .items
                 .into_iter()
                 .filter_map(|n| Some((n.metadata.name?, n.spec.drivers.iter().any(|d| d.name == driver))))
                 .collect();
-            check::agents(driver, (&namespace, &name), &nodes, &agents, &registered)
+            let ready: Vec<Pod> = owned.into_iter().filter(|p| agent_pod(p, &uid).is_some_and(|a| a.ready)).collect();
+            (check::agents(driver, (namespace, name), &nodes, &agents, &registered), ready)
         }
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            failed("agents", format!("cannot list the nodes, the agents and the CSINodes: {e}"))
+            (failed("agents", format!("cannot list the nodes, the agents and the CSINodes: {e}")), Vec::new())
         }
     }
 }

@@ -137,6 +137,14 @@ impl<M: Mounts> Exposition for Health<M> {
     fn unready_reason(&self) -> Option<String> {
         self.metrics.unready_reason(&self.census()).or_else(|| self.nri.as_ref().and_then(|n| n.unready_reason()))
     }
+
+    /// Ready or why not, and whether it serves through NRI: what `drafs
+    /// check --installation` reads through the API server's pod proxy.
+    fn status(&self) -> Option<serde_json::Value> {
+        let reason = self.unready_reason();
+        let nri = self.nri.as_ref().map(|n| n.current_link().to_json());
+        Some(serde_json::json!({"ready": reason.is_none(), "reason": reason, "nri": nri}))
+    }
 }
 
 /// Bytes used on the filesystem at `dir` (a volume's tmpfs).

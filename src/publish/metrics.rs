@@ -194,6 +194,11 @@ pub trait Exposition: Send + Sync {
     /// `None` while ready; why not otherwise (`GET /readyz` answers 503).
     fn unready_reason(&self) -> Option<String>;
 
+    /// Where it stands, for `drafs check` (`GET /status`, JSON); None: not served.
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// (status, content type, body) for a GET of `path`.
     fn respond(&self, path: &str) -> (u16, &'static str, String) {
         match path {
@@ -202,6 +207,10 @@ pub trait Exposition: Send + Sync {
             "/readyz" => match self.unready_reason() {
                 None => (200, "text/plain", "ready\n".into()),
                 Some(reason) => (503, "text/plain", format!("not ready: {reason}\n")),
+            },
+            "/status" => match self.status() {
+                Some(status) => (200, "application/json", format!("{status}\n")),
+                None => (404, "text/plain", "not found\n".into()),
             },
             _ => (404, "text/plain", "not found\n".into()),
         }
@@ -239,8 +248,9 @@ const EVICTION_WARNING: std::time::Duration = std::time::Duration::from_secs(60)
 pub enum Paths {
     /// `/metrics`, `/healthz` and `/readyz`.
     All,
-    /// `/healthz` and `/readyz` only: the kubelet's probes, on a port that
-    /// must stay reachable while `/metrics` need not be.
+    /// `/healthz`, `/readyz` and `/status` only: the kubelet's probes (and
+    /// `drafs check`), on a port that must stay reachable while `/metrics`
+    /// need not be.
     Probes,
 }
 
@@ -342,7 +352,7 @@ fn answer<E: Exposition + ?Sized, B>(req: &Request<B>, metrics: &E, paths: Paths
     let path = req.uri().path();
     let (code, content_type, body) = if req.method() != Method::GET {
         (405, "text/plain", "only GET\n".into())
-    } else if paths == Paths::Probes && !matches!(path, "/healthz" | "/readyz") {
+    } else if paths == Paths::Probes && !matches!(path, "/healthz" | "/readyz" | "/status") {
         (404, "text/plain", "not found (/metrics is on the metrics port)\n".into())
     } else {
         metrics.respond(path)

@@ -25,7 +25,9 @@ use serde_json::{Value, json};
 const SCRATCH_PREFIX: &str = "drafs-node-";
 /// The drivers the node runs, named as in `examples/` so the examples apply
 /// unchanged: the NIC driver writes KEP-5304 device metadata (as network
-/// drivers do), the GPU driver does not (drafs writes the standard view that
+/// drivers do), and at prepare the status of the devices of the claims
+/// annotated `dra-driver.test/status-at-prepare` (an interface name, its
+/// data); the GPU driver does neither (drafs writes the standard view that
 /// KubeVirt's launcher reads).
 pub const GPU_DRIVER: &str = "gpu.nvidia.com";
 pub const NIC_DRIVER: &str = "dra.net";
@@ -228,7 +230,10 @@ impl Node {
         let work = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{id}"));
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-        std::fs::write(work.join("drivers"), format!("{GPU_DRIVER}:\n{NIC_DRIVER}:--enable-device-metadata\n"))
+        std::fs::write(
+            work.join("drivers"),
+            format!("{GPU_DRIVER}:\n{NIC_DRIVER}:--enable-device-metadata --status-at-prepare\n"),
+        )
             .map_err(|e| e.to_string())?;
         for driver in [GPU_DRIVER, NIC_DRIVER] {
             std::fs::write(work.join(format!("devices-{driver}.json")), devices(driver, "").to_string())
@@ -518,6 +523,38 @@ impl Node {
         cmd.spawn().unwrap()
     }
 
+    /// Whether the kubelet lists `driver` among the node's CSI drivers.
+    pub fn csi_registered(&self, driver: &str) -> bool {
+        self.get_json(&["csinode", NODE_NAME])
+            .is_some_and(|n| n["spec"]["drivers"].as_array().into_iter().flatten().any(|d| d["name"] == driver))
+    }
+
+    /// The chart's agent on the node (objects from [`chart_node_objects`]),
+    /// ready (registered) once this returns.
+    pub fn install_chart_agent(&self, objects: &str) {
+        self.kubectl_apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}).to_string(),
+        );
+        self.kubectl_apply(objects);
+        self.wait_chart_agent();
+    }
+
+    /// Until the chart's DaemonSet has its one pod ready and the kubelet lists the driver.
+    pub fn wait_chart_agent(&self) {
+        let ds = super::wait_for(Duration::from_secs(90), || {
+            self.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
+                .is_some_and(|d| d["status"]["numberReady"] == 1 && d["status"]["updatedNumberScheduled"] == 1)
+        });
+        assert!(ds, "the DaemonSet's pod is not ready\n{}", self.kubectl_ok(&["describe", "pods", "-n", "drafs-system"]));
+        let registered = super::wait_for(Duration::from_secs(30), || self.csi_registered("drafs.dev"));
+        assert!(registered, "the kubelet did not register drafs.dev; the agent's log:\n{}", self.chart_agent_log());
+    }
+
+    /// The chart agent's log (the DaemonSet's one pod).
+    pub fn chart_agent_log(&self) -> String {
+        self.kubectl_ok(&["logs", "-n", "drafs-system", "daemonset/drafs-node"])
+    }
+
     /// The claim the scheduler made for a pod's claim (from its status).
     pub fn claim_of(&self, ns: &str, pod: &str, pod_claim: &str) -> String {
         let p = self.wait_pod(ns, pod, "with its claim allocated", Duration::from_secs(60), |p| {
@@ -717,4 +754,21 @@ pub struct AllocatedDevice {
     pub driver: String,
     pub pool: String,
     pub device: String,
+}
+
+/// The chart's node part (`--set node.enabled=true`) for `image`, with more
+/// `--set` values, as `helm template` renders it for the node.
+pub fn chart_node_objects(image: &str, values: &[&str]) -> String {
+    let (repository, tag) = image.split_once(':').unwrap();
+    let mut cmd = Command::new(super::helm::binary());
+    cmd.args(["template", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system", "--kube-version", "1.37.2"])
+        .args(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never"])
+        .args(["--set", &format!("image.repository={repository}"), "--set", &format!("image.tag={tag}")])
+        .args(["--show-only", "templates/node.yaml"]);
+    for value in values {
+        cmd.args(["--set", value]);
+    }
+    let out = cmd.current_dir(super::repo_path("")).output().unwrap();
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
 }

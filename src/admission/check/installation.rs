@@ -155,6 +155,59 @@ pub fn agents(
     ))
 }
 
+/// Whether the agents serve containers through NRI: each node's agent's
+/// `/status` (read through the API server's pod proxy), or why it could not
+/// be read. `enabled`: the agents run with `--nri`.
+pub fn nri(enabled: bool, statuses: &[(String, Result<Value, String>)]) -> Check {
+    if !enabled {
+        return Check::new(
+            "nri",
+            Status::Skip,
+            "drafs node does not serve through NRI here (node.nri.enabled=false): pods get /dra from the CSI volume or a container",
+            json!({"enabled": false}),
+        );
+    }
+    let (mut serving, mut no_socket, mut failing, mut unknown) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (node, status) in statuses {
+        let state = status.as_ref().map(|s| (s["nri"]["state"].as_str().unwrap_or(""), s["nri"]["detail"].as_str()));
+        match state {
+            Ok(("serving", _)) => serving.push(node.as_str()),
+            Ok(("no_socket", _)) => no_socket.push(node.as_str()),
+            Ok((state, detail)) if !state.is_empty() => failing.push(format!("{node} ({})", detail.unwrap_or(state))),
+            Ok(_) => unknown.push(format!("{node} (its agent does not say)")),
+            Err(why) => unknown.push(format!("{node} ({why})")),
+        }
+    }
+    let details =
+        json!({"enabled": true, "serving": serving, "noSocket": no_socket, "failing": failing, "unknown": unknown});
+    let total = statuses.len();
+    if !failing.is_empty() {
+        return Check::new(
+            "nri",
+            Status::Fail,
+            format!(
+                "drafs node cannot serve through NRI on {} of {total} nodes: {}: opted-in pods there start without /dra",
+                failing.len(),
+                failing.join("; ")
+            ),
+            details,
+        )
+        .with_fix("kubectl logs -n drafs-system -l app.kubernetes.io/name=drafs-node; the runtime's NRI must be on (containerd: [plugins.'io.containerd.nri.v1.nri'] disable = false)");
+    }
+    let mut parts = vec![format!("serves containers through NRI on {} of {total} nodes", serving.len())];
+    if !no_socket.is_empty() {
+        parts.push(format!(
+            "the runtime has no NRI socket on {} (opted-in pods there get no /dra through NRI)",
+            named(&no_socket)
+        ));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!("cannot tell on {}", unknown.join(", ")));
+    }
+    let status = if no_socket.is_empty() && unknown.is_empty() { Status::Ok } else { Status::Warn };
+    Check::new("nri", status, format!("drafs node {}", parts.join("; ")), details)
+}
+
 /// The first [`NAMED`] names, and how many more.
 fn named(list: &[&str]) -> String {
     let mut out = list.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
@@ -262,6 +315,29 @@ mod tests {
         let many: Vec<String> = (0..25).map(|i| format!("n{i}")).collect();
         let c = agents("drafs.dev", ds, &many, &[], &BTreeMap::new());
         assert!(c.message.contains("n9 and 15 more"), "{}", c.message);
+    }
+
+    #[test]
+    fn nri_is_reported_by_node_serving_without_a_socket_or_failing() {
+        assert_eq!(nri(false, &[]).status, Status::Skip);
+        let status =
+            |state: &str, detail: Option<&str>| Ok(json!({"ready": true, "nri": {"state": state, "detail": detail}}));
+        let all = [("a".to_string(), status("serving", None)), ("b".to_string(), status("serving", None))];
+        let c = nri(true, &all);
+        assert_eq!(c.status, Status::Ok, "{}", c.message);
+        assert_eq!(c.message, "drafs node serves containers through NRI on 2 of 2 nodes");
+        let some = [("a".to_string(), status("serving", None)), ("b".to_string(), status("no_socket", None))];
+        let c = nri(true, &some);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.message.contains("no NRI socket on b"), "{}", c.message);
+        let bad = [
+            ("a".to_string(), status("failing", Some("the runtime refused the registration"))),
+            ("b".to_string(), Err("HTTP 503".into())),
+        ];
+        let c = nri(true, &bad);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.message.contains("a (the runtime refused the registration)"), "{}", c.message);
+        assert_eq!(c.details["unknown"], json!(["b (HTTP 503)"]));
     }
 
     #[test]

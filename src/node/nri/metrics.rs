@@ -26,6 +26,19 @@ pub enum Link {
     Failing(String),
 }
 
+impl Link {
+    /// `{"state": ..., "detail": ...}`, as `/status` says it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (state, detail) = match self {
+            Link::NoSocket => ("no_socket", None),
+            Link::Joining(what) => ("joining", Some(what)),
+            Link::Serving => ("serving", None),
+            Link::Failing(why) => ("failing", Some(why)),
+        };
+        serde_json::json!({"state": state, "detail": detail})
+    }
+}
+
 /// The door's counters.
 #[derive(Debug, Default)]
 pub struct NriMetrics {
