@@ -294,8 +294,19 @@ impl Agent {
 /// requests `train` (g0) and `infer` (g1); `trainer` uses train, `server`
 /// infer, `logger` nothing.
 fn gpu_pod(api: &TestApi, name: &str, uid: &str, annotations: serde_json::Value) -> api::PodSandbox {
+    gpu_pod_in(api, "ml", name, uid, annotations)
+}
+
+/// [`gpu_pod`] in `namespace`.
+fn gpu_pod_in(
+    api: &TestApi,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    annotations: serde_json::Value,
+) -> api::PodSandbox {
     api.apply(
-        PodBuilder::new("ml", name)
+        PodBuilder::new(namespace, name)
             .uid(uid)
             .node(NODE)
             .labels(json!({"drafs.dev/nri": "enabled"}))
@@ -309,13 +320,13 @@ fn gpu_pod(api: &TestApi, name: &str, uid: &str, annotations: serde_json::Value)
             .build(),
     );
     api.apply(
-        ClaimBuilder::new("ml", &format!("{name}-gpus"))
+        ClaimBuilder::new(namespace, &format!("{name}-gpus"))
             .allocated()
             .result("train", "gpu.example.com", NODE, "g0")
             .result("infer", "gpu.example.com", NODE, "g1")
             .build(),
     );
-    sandbox(name, uid, true)
+    api::PodSandbox { namespace: namespace.into(), ..sandbox(name, uid, true) }
 }
 
 fn sandbox(name: &str, uid: &str, opted_in: bool) -> api::PodSandbox {
@@ -431,6 +442,52 @@ fn a_container_whose_required_value_is_not_there_waits_told_why_before_the_runti
         eprintln!("{:?}", read(&a.tree_of("u1", "trainer").join(".json")));
     }
     assert_eq!(got.as_deref(), Some("net1"));
+}
+
+#[test]
+fn a_namespace_whose_containers_never_get_ready_spends_its_share_of_the_runtime_not_the_nodes() {
+    let api = api();
+    gpus(&api, "");
+    let never = json!({"drafs.dev/require": "gpus/train/0/.status/interfaceName"});
+    let pods: Vec<_> = (0..6).map(|n| gpu_pod(&api, &format!("p{n}"), &format!("u{n}"), never.clone())).collect();
+    let neighbour = gpu_pod_in(&api, "lab", "q", "v1", never.clone());
+    let mut a = agent_with(api, vec![], None);
+    for (n, _) in pods.iter().enumerate() {
+        let written =
+            wait_for(Duration::from_secs(10), || a.tree_of(&format!("u{n}"), "trainer").join("..data/.json").exists());
+        assert!(written, "pod p{n}'s trees are not written");
+    }
+    // Each creation waits for its tree (the runtime holds every other
+    // creation of the node meanwhile) until the namespace's share is spent.
+    let mut waits = Vec::new();
+    for pod in &pods {
+        let started = Instant::now();
+        let refused = rt().block_on(a.runtime.create_container(pod, "trainer", vec![])).unwrap_err();
+        assert_eq!(refused.0, 14, "Unavailable: {refused:?}");
+        waits.push((started.elapsed(), refused.1));
+    }
+    // The fifth waits what the namespace's bucket refilled meanwhile (a
+    // little: it refills in a minute), and says so.
+    for (_, said) in &waits[4..] {
+        let waited = said.split("(waited ").nth(1).and_then(|rest| rest.split(' ').next());
+        let waited: u64 = waited.and_then(|ms| ms.parse().ok()).unwrap_or_else(|| panic!("{waits:?}"));
+        assert!(waited < 400, "waited {waited} ms of 500: {waits:?}");
+        assert!(said.contains("namespace ml has spent its share"), "{waits:?}");
+    }
+    let full: Duration = waits[..4].iter().map(|(took, _)| *took).sum();
+    assert!(full >= Duration::from_millis(1800), "the first four waited for their trees: {waits:?}");
+    // Another namespace's creation still waits its whole time.
+    let started = Instant::now();
+    let refused = rt().block_on(a.runtime.create_container(&neighbour, "trainer", vec![])).unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(450), "lab's creation waited {:?}", started.elapsed());
+    assert!(!refused.1.contains("share"), "{}", refused.1);
+    // A tree that is ready is served whatever the share.
+    let mut claim = a.api.get("ResourceClaim", "ml", "p5-gpus").unwrap();
+    claim["status"]["devices"] =
+        json!([{"driver": "gpu.example.com", "pool": NODE, "device": "g0", "networkData": {"interfaceName": "net1"}}]);
+    a.api.apply(claim);
+    a.wait_ready("u5", "trainer");
+    rt().block_on(a.runtime.create_container(&pods[5], "trainer", vec![])).expect("served with its share spent");
 }
 
 #[test]

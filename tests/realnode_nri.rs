@@ -269,4 +269,21 @@ fn pods_keep_their_trees_while_the_agent_restarts_and_start_without_one_while_it
     node.wait_running(ns, "unserved");
     assert_eq!(log_line(node, ns, "unserved", "app", "mounted="), "mounted=no");
     assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/uuid"), uuid, "the running pod's tree stays");
+    // A pod that cannot start without it says so (with containerd's default
+    // validator on, docs/node-mode.md): its container is refused, and the
+    // kubelet says why.
+    let mut required: Value = serde_json::from_str(&gpu_pod(ns, "required")).unwrap();
+    required["metadata"]["annotations"] = json!({"required-plugins.noderesource.dev/pod": "[\"drafs\"]"});
+    node.kubectl_apply(&required.to_string());
+    let mut events = String::new();
+    let refused = wait_for(Duration::from_secs(60), || {
+        events = node.kubectl_ok(&["get", "events", "-n", ns, "--field-selector", "involvedObject.name=required"]);
+        events.contains("required plugin") && events.contains("drafs")
+    });
+    assert!(refused, "the pod that requires drafs was not refused:\n{events}");
+    // The agent back: the pod starts, with its tree.
+    node.install_chart_agent(&node::chart_node_objects(node::DRAFS_IMAGE, &[]));
+    wait_nri(node);
+    node.wait_running(ns, "required");
+    assert_eq!(log_line(node, ns, "required", "app", "mounted="), "mounted=yes");
 }

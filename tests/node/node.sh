@@ -92,8 +92,10 @@ for d in /run /var/lib /var/log /etc/cni; do
     mkdir -p "$d" && mount -t tmpfs -o mode=0755 tmpfs "$d" || fail "cannot mount tmpfs on $d"
 done
 mkdir -p /var/lib/kubelet /run/cdi /etc/cni/net.d /run/containerd
-# Bidirectional mount propagation (the FUSE sidecar) needs a shared kubelet root.
+# Bidirectional mount propagation (the FUSE sidecar, the CSI agent's pods, the NRI
+# agent's trees under /run/drafs) needs shared mounts, as on a systemd host.
 mount --bind /var/lib/kubelet /var/lib/kubelet && mount --make-rshared /var/lib/kubelet || fail "cannot share /var/lib/kubelet"
+mount --make-rshared /run || fail "cannot share /run"
 
 # --- cgroups: the kubelet's root in every v1 hierarchy, cpusets copied -----------------------
 for h in /sys/fs/cgroup/*/; do
@@ -199,6 +201,11 @@ root = "/var/lib/containerd"
 state = "/run/containerd"
 [grpc]
   address = "/run/containerd/containerd.sock"
+# NRI is on by default; its default validator too here (no plugin required
+# node-wide), so that a pod can ask for a plugin it cannot start without
+# (annotation required-plugins.noderesource.dev: the real-node NRI tests).
+[plugins."io.containerd.nri.v1.nri".default_validator]
+  enable = true
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -273,20 +280,21 @@ kubelet_serving() {
 }
 
 # --- DRA drivers -----------------------------------------------------------------------------
-for driver in $(cat "$work/drivers"); do
+# One driver a line: its name, a colon, its flags (a word list).
+while IFS= read -r driver <&3; do
     name=${driver%%:*} flags=${driver#*:}
     # shellcheck disable=SC2086 # flags is a word list
     start "driver-$name" dra-driver --kubeconfig="$work/admin.kubeconfig" --node-name=$NODE_NAME \
         --driver-name="$name" --datadir=/var/lib/kubelet/plugins \
         --plugin-registration-path=/var/lib/kubelet/plugins_registry --cdi-dir=/var/run/cdi \
         --devices="$work/devices-$name.json" --health="$work/health-$name.json" $flags
-done
-for driver in $(cat "$work/drivers"); do
+done 3<"$work/drivers"
+while IFS= read -r driver <&3; do
     name=${driver%%:*}
     slice_for() { [ -n "$(kubectl get resourceslices --field-selector spec.driver="$1" -o name)" ]; }
     wait_for 60 "driver $name's ResourceSlice" slice_for "$name"
     alive "driver-$name"
-done
+done 3<"$work/drivers"
 # Pods need their namespace's default ServiceAccount and kube-root-ca.crt.
 wait_for 60 "the default ServiceAccount" kubectl get serviceaccount default
 wait_for 60 "kube-root-ca.crt" kubectl get configmap kube-root-ca.crt

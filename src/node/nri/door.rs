@@ -36,6 +36,7 @@ use crate::node::node_pods::NodePods;
 use crate::node::nri::api::{self, Event, PLUGIN_SERVICE};
 use crate::node::nri::metrics::{Link, NriMetrics};
 use crate::node::nri::policy::{self, MountOptions, PodFacts, Skip};
+use crate::node::nri::shares::WaitShares;
 use crate::node::served::{RunSpec, Served, Slot, SlotKind, internal};
 use crate::publish::files::DATA_LINK;
 use crate::publish::metadata_dir::{DriverOwned, read_regular};
@@ -83,6 +84,8 @@ pub struct NriDoor<M: Mounts> {
     /// Pod sandboxes the runtime runs, by id: their pod's uid.
     sandboxes: Mutex<HashMap<String, String>>,
     request_timeout: Mutex<Duration>,
+    /// Each namespace's share of the time creations hold the runtime.
+    shares: Mutex<WaitShares>,
     pub metrics: Arc<NriMetrics>,
 }
 
@@ -101,12 +104,13 @@ impl<M: Mounts> NriDoor<M> {
             me: me.clone(),
             served,
             own,
-            settings,
             pods: Mutex::default(),
             serving: Mutex::default(),
             namespaces: Mutex::default(),
             sandboxes: Mutex::default(),
             request_timeout: Mutex::new(DEFAULT_REQUEST_TIMEOUT),
+            shares: Mutex::new(WaitShares::new(settings.wait)),
+            settings,
             metrics,
         })
     }
@@ -337,7 +341,6 @@ impl<M: Mounts> NriDoor<M> {
         timeout: Option<Duration>,
     ) -> Result<api::CreateContainerResponse, Status> {
         let started = Instant::now();
-        let budget = self.answer_within(timeout);
         let (Some(sandbox), Some(container)) = (request.pod, request.container) else {
             return Err(Status::new(Code::InvalidArgument, "CreateContainer without its pod or container"));
         };
@@ -346,10 +349,25 @@ impl<M: Mounts> NriDoor<M> {
             // Every container of the node comes through here: nothing to do is answered at once.
             return Ok(api::CreateContainerResponse::default());
         }
+        let share = lock(&self.shares).left(&sandbox.namespace, started);
+        let full = self.answer_within(timeout);
+        let budget = full.min(share);
         let span =
             info_span!("nri", pod = %format!("{}/{}", sandbox.namespace, sandbox.name), container = %container.name);
         async {
-            let answer = self.mounts_for(&sandbox, &container, started + budget).await;
+            let mut answer = self.mounts_for(&sandbox, &container, started + budget).await;
+            lock(&self.shares).charge(&sandbox.namespace, started.elapsed(), Instant::now());
+            if let Err(e) = &mut answer
+                && e.code == Code::Unavailable
+                && share < full
+            {
+                e.message.push_str(&format!(
+                    " (waited {} ms, not {} ms: namespace {} has spent its share of the node's container-creation time for now)",
+                    budget.as_millis(),
+                    full.as_millis(),
+                    sandbox.namespace
+                ));
+            }
             match &answer {
                 Ok(Some(mounts)) => {
                     self.metrics.adjusted(started.elapsed());

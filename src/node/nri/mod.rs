@@ -2,11 +2,11 @@
 //! every pod sandbox and container it creates, and drafs answers a container
 //! of an opted-in pod that uses a claim with a read-only bind mount of that
 //! container's own tree, which the agent keeps ready before the runtime asks
-//! (docs/node-mode.md). Nothing is added to the pod.
+//! (docs/nri.md). Nothing is added to the pod.
 //!
 //! Owns: NRI's messages (`api`), the wire (`wire`: the multiplexer and
-//! ttrpc, by hand), which containers get what mounts (`policy`, pure), the
-//! door the runtime's calls come through (`door`) and what it counts
+//! ttrpc, by hand), which containers get what mounts (`policy`, pure), each namespace's share of the time a creation
+//! may hold the runtime (`shares`, pure), the door the runtime's calls come through (`door`) and what it counts
 //! (`metrics`).
 //!
 //! May use: `node::served` (the node's served pods, one home for both doors),
@@ -17,4 +17,5 @@ pub mod door;
 pub mod metrics;
 pub mod plugin;
 pub mod policy;
+pub mod shares;
 pub mod wire;
