@@ -15,6 +15,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::model::container_path::{check_container_path, check_metadata_dir};
 use crate::model::names::{DEFAULT_DIR, DIR_ANNOTATION, DRAFS_CONTAINER, METADATA_DIR_ANNOTATION, REQUIRE_ANNOTATION};
 use crate::model::resolve::ContainerClaims;
 use crate::model::tree::RequirePath;
@@ -88,21 +89,25 @@ impl PodFacts {
     }
 }
 
-/// The options the annotations give.
+/// The options the annotations give: the directories follow the rules a
+/// webhook-injected pod's do (absolute, clean, hiding neither the token nor
+/// what the kernel, the runtime and the kubelet put in a container).
 fn options(annotations: &BTreeMap<String, String>) -> Result<MountOptions, String> {
     let dir = match annotations.get(DIR_ANNOTATION) {
-        Some(dir) => mount_point(dir).map_err(|e| format!("annotation {DIR_ANNOTATION}: {e}"))?,
+        Some(dir) => {
+            check_container_path(dir).map_err(|p| format!("annotation {DIR_ANNOTATION}: {dir:?} {p}"))?;
+            dir.trim_end_matches('/').to_string()
+        }
         None => DEFAULT_DIR.to_string(),
     };
     let metadata_dir = match annotations.get(METADATA_DIR_ANNOTATION) {
-        Some(dir) => Some(mount_point(dir).map_err(|e| format!("annotation {METADATA_DIR_ANNOTATION}: {e}"))?),
+        Some(metadata_dir) => {
+            check_metadata_dir(metadata_dir, &dir)
+                .map_err(|p| format!("annotation {METADATA_DIR_ANNOTATION}: {metadata_dir:?} {p}"))?;
+            Some(metadata_dir.trim_end_matches('/').to_string())
+        }
         None => None,
     };
-    if metadata_dir.as_deref().is_some_and(|m| nested(m, &dir) || nested(&dir, m)) {
-        return Err(format!(
-            "annotations {DIR_ANNOTATION} and {METADATA_DIR_ANNOTATION} must not be one inside the other"
-        ));
-    }
     let require = annotations
         .get(REQUIRE_ANNOTATION)
         .map(|list| {
@@ -115,25 +120,6 @@ fn options(annotations: &BTreeMap<String, String>) -> Result<MountOptions, Strin
         .transpose()?
         .unwrap_or_default();
     Ok(MountOptions { dir, metadata_dir, require })
-}
-
-/// A mount point in a container: absolute, plain (no `.`, `..`, doubled
-/// slashes), not `/`, of printable characters; without a trailing slash.
-fn mount_point(path: &str) -> Result<String, String> {
-    let trimmed = path.trim_end_matches('/');
-    let plain = trimmed.strip_prefix('/').is_some_and(|rest| rest.split('/').all(|p| !matches!(p, "" | "." | "..")));
-    if !plain {
-        return Err(format!("{path:?} is not an absolute path without . or .. (and not /)"));
-    }
-    if trimmed.len() > 4096 || trimmed.chars().any(|c| c.is_control()) {
-        return Err(format!("{path:?} is not a usable path"));
-    }
-    Ok(trimmed.to_string())
-}
-
-/// `inner` is `outer` or lies below it.
-fn nested(inner: &str, outer: &str) -> bool {
-    inner == outer || inner.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Whether a pod asks for NRI's mounts: its own label says `enabled`, or its
@@ -245,12 +231,12 @@ mod tests {
         assert_eq!(options.dir, "/devices");
         assert_eq!(options.metadata_dir.as_deref(), Some("/var/run/kubernetes.io/dra-device-attributes"));
         assert_eq!(options.require.len(), 2, "prepare-time values may be required: containers start after prepare");
-        for bad in ["dra", "/", "/a/../b", "/a//b", "/a/./b"] {
+        for bad in ["dra", "/", "/a/../b", "/a//b", "/a/./b", "/run", "/var/run/secrets", "/etc", "/proc/dra"] {
             let facts = PodFacts::of(&pod(json!({DIR_ANNOTATION: bad})), "drafs.dev");
             assert!(facts.options.unwrap_err().contains(DIR_ANNOTATION), "{bad}");
         }
         let nested = PodFacts::of(&pod(json!({METADATA_DIR_ANNOTATION: "/dra/std"})), "drafs.dev");
-        assert!(nested.options.unwrap_err().contains("one inside the other"));
+        assert!(nested.options.unwrap_err().contains("overlaps the tree's directory /dra"));
     }
 
     #[test]
