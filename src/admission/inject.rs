@@ -38,7 +38,6 @@ const AUTOMOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The image's user and group (`USER 65532:65532`), the distroless "nonroot".
 const NON_ROOT_ID: i64 = 65532;
-/// Where a pod's service-account credentials are expected (in-cluster config).
 
 /// The service-account credentials as the kubelet would mount them (a bound
 /// token, the cluster CA, the namespace), for the drafs container alone.
