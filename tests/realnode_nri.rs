@@ -192,7 +192,8 @@ fn a_pod_with_nothing_of_drafs_reads_every_value_at_its_first_line_each_containe
 
     // The sandbox goes: its tree goes with it.
     let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
-    let tree = node.node_path(&format!("/var/run/drafs/nri/{uid}"));
+    // /run, not /var/run: an absolute link read through /proc/PID/root leads to the host's.
+    let tree = node.node_path(&format!("/run/drafs/nri/{uid}"));
     assert!(tree.exists());
     node.kubectl_ok(&["delete", "pod", "-n", ns, "app", "--wait=true", "--timeout=60s"]);
     let gone = wait_for(Duration::from_secs(60), || !tree.exists());
