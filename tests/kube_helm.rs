@@ -351,6 +351,8 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
         ("v1", "ServiceAccount", "drafs-node", Some("drafs-system")),
         ("rbac.authorization.k8s.io/v1", "ClusterRole", "drafs-node", None),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "drafs-node", None),
+        ("rbac.authorization.k8s.io/v1", "Role", "drafs-node", Some("drafs-system")),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", "drafs-node", Some("drafs-system")),
     ];
     for (_, kind, name, _) in node_objects {
         assert!(names.contains(&(kind.to_string(), name.to_string())), "{kind} {name} not in {names:?}");
@@ -359,12 +361,29 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
         !kinds_and_names(&render(&cp, &[])).iter().any(|(k, _)| k == "CSIDriver" || k == "DaemonSet"),
         "off by default"
     );
-    // The agent reads only slices as itself.
+    // Through NRI (on by default) the agent reads as itself its node's pods,
+    // their claims and which namespaces opt in (docs/nri.md), and its own
+    // DaemonSet, by name; without NRI, only slices.
+    let slices = json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]});
     let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]}])
+        json!([
+            slices,
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        ])
     );
+    let own = docs.iter().find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "drafs-node").unwrap();
+    assert_eq!(
+        own["rules"],
+        json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["drafs-node"], "verbs": ["get"]}])
+    );
+    let without_nri = render(&cp, &["--set", "node.enabled=true", "--set", "node.nri.enabled=false"]);
+    let role = without_nri.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    assert_eq!(role["rules"], json!([slices]));
+    assert!(!kinds_and_names(&without_nri).contains(&("Role".into(), "drafs-node".into())));
     let driver = find(&docs, "CSIDriver");
     assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
     assert_eq!(driver["spec"]["tokenRequests"], json!([{"audience": ""}]));
@@ -498,7 +517,7 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     let for_cluster = render(&cp, &["--set", "node.enabled=true", "--kube-version", &version]);
     let node: Vec<Value> =
         for_cluster.into_iter().filter(|d| d["metadata"]["name"] == "drafs-node" || d["kind"] == "CSIDriver").collect();
-    assert_eq!(node.len(), 5, "{node:?}");
+    assert_eq!(node.len(), 7, "{node:?}");
     let out = kubectl_apply(&cp, &node, true);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

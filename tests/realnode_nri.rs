@@ -260,16 +260,21 @@ fn pods_keep_their_trees_while_the_agent_restarts_and_start_without_one_while_it
     // No agent at all: an opted-in pod starts as it would without drafs
     // (documented: the runtime creates containers without a plugin that is
     // not there), with nothing at /dra.
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
+    let tree = node.node_path(&format!("/run/drafs/nri/{uid}"));
+    assert!(tree.exists(), "the running pod's tree is not on the node");
     node.kubectl_ok(&["delete", "daemonset", "-n", "drafs-system", "drafs-node", "--wait=true", "--timeout=60s"]);
     let gone = wait_for(Duration::from_secs(60), || {
         node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"])
             .is_some_and(|l| l["items"].as_array().is_some_and(|i| i.is_empty()))
     });
     assert!(gone, "the agent's pod is still there");
+    // Uninstalled, it left nothing on the node; the running pod keeps its last tree.
+    assert!(!tree.exists(), "the uninstalled agent left the running pod's tree on the node");
     node.kubectl_apply(&gpu_pod(ns, "unserved"));
     node.wait_running(ns, "unserved");
     assert_eq!(log_line(node, ns, "unserved", "app", "mounted="), "mounted=no");
-    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/uuid"), uuid, "the running pod's tree stays");
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/uuid"), uuid, "the running pod keeps its tree");
     // A pod that cannot start without it says so (with containerd's default
     // validator on, docs/node-mode.md): its container is refused, and the
     // kubelet says why.

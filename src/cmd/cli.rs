@@ -150,7 +150,7 @@ pub struct NodeArgs {
     pub token_in: TokenIn,
     /// Also serve as an NRI plugin of the container runtime: a container of an opted-in pod (label
     /// drafs.dev/nri=enabled on it or its namespace) that uses a claim gets its own tree mounted at
-    /// /dra, with nothing in the pod's spec (docs/node-mode.md). Implies --watch-node-pods. Needs
+    /// /dra, with nothing in the pod's spec (docs/nri.md). Implies --watch-node-pods. Needs
     /// get, list and watch of pods and resourceclaims, list and watch of namespaces.
     #[arg(long, env = "DRAFS_NRI")]
     pub nri: bool,
@@ -165,6 +165,11 @@ pub struct NodeArgs {
     /// (the kubelet retries): every container creation on the node waits behind it.
     #[arg(long, env = "DRAFS_NRI_WAIT", default_value = "500ms", value_name = "DURATION", value_parser = parse_duration)]
     pub nri_wait: std::time::Duration,
+    /// The agent's own DaemonSet (NAMESPACE/NAME): at a stop, if it is gone or being deleted
+    /// (uninstalled), the trees served through NRI are removed from the node; otherwise they stay for
+    /// the next agent. Needs get of that DaemonSet; without the flag, they always stay.
+    #[arg(long, env = "DRAFS_DAEMONSET", value_name = "NAMESPACE/NAME", value_parser = parse_namespaced)]
+    pub daemonset: Option<(String, String)>,
     /// The plugin's place among the runtime's NRI plugins (two digits; they are called in order).
     #[arg(long, env = "DRAFS_NRI_PLUGIN_INDEX", default_value = "90", value_name = "NN", value_parser = parse_plugin_index)]
     pub nri_plugin_index: String,
@@ -175,6 +180,17 @@ pub struct NodeArgs {
 }
 
 /// Two digits, as NRI orders its plugins.
+/// `NAMESPACE/NAME` of a namespaced object.
+fn parse_namespaced(s: &str) -> Result<(String, String), String> {
+    use crate::model::names::{is_dns_label, is_dns_subdomain};
+    match s.split_once('/') {
+        Some((namespace, name)) if is_dns_label(namespace) && is_dns_subdomain(name) => {
+            Ok((namespace.to_string(), name.to_string()))
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+    }
+}
+
 fn parse_plugin_index(s: &str) -> Result<String, String> {
     if s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()) {
         Ok(s.to_string())
@@ -566,6 +582,14 @@ mod tests {
         }
         assert_eq!(EventsMode::from(EventsArg::from_str("true", false).unwrap()), EventsMode::All);
         assert_eq!(EventsMode::from(EventsArg::from_str("false", false).unwrap()), EventsMode::None);
+    }
+
+    #[test]
+    fn a_namespaced_name_is_two_names() {
+        assert_eq!(parse_namespaced("drafs-system/drafs-node"), Ok(("drafs-system".into(), "drafs-node".into())));
+        for bad in ["drafs-node", "/drafs-node", "ns/", "a/b/c", "Ns/x", "ns/X y"] {
+            assert!(parse_namespaced(bad).unwrap_err().contains("NAMESPACE/NAME"), "{bad}");
+        }
     }
 
     #[test]

@@ -18,7 +18,9 @@ use crate::node::csi::Service;
 use crate::node::metrics::NodeMetrics;
 use crate::node::mounts::SystemMounts;
 use crate::node::node_pods;
-use crate::node::nri::{self, door::NriDoor, door::NriSettings, metrics::NriMetrics, plugin::PluginSettings};
+use crate::node::nri::{
+    self, door::NriDoor, door::NriSettings, metrics::NriMetrics, plugin::PluginSettings, uninstall::Owner,
+};
 use crate::node::places::{PENDING_HOLD, PlaceLimits};
 use crate::node::request::TokenIn;
 use crate::node::served::{Limits, Served, Timing};
@@ -42,6 +44,8 @@ pub struct Config {
     pub health_addr: Option<std::net::SocketAddr>,
     /// Serve through NRI too (`--nri`).
     pub nri: Option<(NriSettings, PluginSettings)>,
+    /// The agent's own DaemonSet (`--daemonset`): uninstalled at a stop, the NRI trees go.
+    pub daemonset: Option<(String, String)>,
 }
 
 impl Config {
@@ -90,6 +94,7 @@ impl Config {
                 };
                 (door, plugin)
             }),
+            daemonset: args.daemonset.clone(),
         })
     }
 }
@@ -119,34 +124,15 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         SystemMounts,
         node_metrics.clone(),
     );
-    // Through NRI: the door, the plugin, the opted-in namespaces; the node's
-    // pods are then watched whatever --watch-node-pods says.
     let nri = match &c.nri {
-        Some((settings, plugin)) => {
-            std::fs::create_dir_all(&settings.dir)
-                .map_err(failed(format!("cannot make {}", settings.dir.display())))?;
-            let metrics = Arc::new(NriMetrics::default());
-            let door = NriDoor::new(volumes.clone(), own.clone(), settings.clone(), metrics.clone());
-            tokio::spawn(nri::plugin::serve(door.clone(), plugin.clone()));
-            let (listed, changed) = (door.clone(), door.clone());
-            tokio::spawn(node_pods::follow_namespaces(
-                own.clone(),
-                format!("{}=enabled", nri::policy::NRI_LABEL),
-                Arc::new(FollowHealth::default()),
-                move |names| listed.namespaces_listed(names),
-                move |name, enabled| changed.namespace_changed(name, enabled),
-            ));
-            tokio::spawn(door.clone().refresh_every(c.timing.refresh));
-            info!(socket = %plugin.socket.display(), dir = %settings.dir.display(), "serving through NRI too, once the runtime's socket is there");
-            Some((door, metrics))
-        }
+        Some(nri) => Some(serve_nri(&c, nri, &volumes, &own).await?),
         None => None,
     };
     let node_pods = (c.watch_node_pods || nri.is_some()).then(|| {
         let health = Arc::new(FollowHealth::default());
         let follow = match &nri {
-            Some((door, _)) => {
-                tokio::spawn(node_pods::follow(own.clone(), c.node_name.clone(), health.clone(), door.clone()))
+            Some(nri) => {
+                tokio::spawn(node_pods::follow(own.clone(), c.node_name.clone(), health.clone(), nri.door.clone()))
             }
             None => tokio::spawn(node_pods::follow(own.clone(), c.node_name.clone(), health.clone(), volumes.clone())),
         };
@@ -163,7 +149,7 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
         volumes: volumes.clone(),
         slices,
         node_pods,
-        nri: nri.as_ref().map(|(_, metrics)| metrics.clone()),
+        nri: nri.as_ref().map(|nri| nri.metrics.clone()),
         sockets: [endpoint.clone(), registration.clone()],
         limits: c.limits,
     });
@@ -197,7 +183,50 @@ pub async fn run(c: Config, stop: Stop) -> Result<(), Failure> {
     info!("{signal}: stopping; the published trees stay mounted");
     // Unregister first: the kubelet stops calling a plugin whose socket is gone.
     registration.remove_if_ours();
+    if let Some(Nri { door, owner: Some(owner), .. }) = &nri
+        && owner.stopping_for_good().await
+    {
+        info!("the agent's DaemonSet is uninstalled: removing the trees served through NRI");
+        door.remove_all().await;
+    }
     volumes.stop_all().await;
     endpoint.remove_if_ours();
     Ok(())
+}
+
+/// What serves through NRI: the door, its metrics, the agent's DaemonSet.
+struct Nri {
+    door: Arc<NriDoor<SystemMounts>>,
+    metrics: Arc<NriMetrics>,
+    owner: Option<Owner>,
+}
+
+/// Through NRI: the door, the plugin, the opted-in namespaces, the node's
+/// served pods read again every `--refresh` (the node's pods are then
+/// watched whatever `--watch-node-pods` says).
+async fn serve_nri(
+    c: &Config,
+    (settings, plugin): &(NriSettings, PluginSettings),
+    volumes: &Arc<Served<SystemMounts>>,
+    own: &kube::Client,
+) -> Result<Nri, Failure> {
+    std::fs::create_dir_all(&settings.dir).map_err(failed(format!("cannot make {}", settings.dir.display())))?;
+    let metrics = Arc::new(NriMetrics::default());
+    let door = NriDoor::new(volumes.clone(), own.clone(), settings.clone(), metrics.clone());
+    tokio::spawn(nri::plugin::serve(door.clone(), plugin.clone()));
+    let (listed, changed) = (door.clone(), door.clone());
+    tokio::spawn(node_pods::follow_namespaces(
+        own.clone(),
+        format!("{}=enabled", nri::policy::NRI_LABEL),
+        Arc::new(FollowHealth::default()),
+        move |names| listed.namespaces_listed(names),
+        move |name, enabled| changed.namespace_changed(name, enabled),
+    ));
+    tokio::spawn(door.clone().refresh_every(c.timing.refresh));
+    info!(socket = %plugin.socket.display(), dir = %settings.dir.display(), "serving through NRI too, once the runtime's socket is there");
+    let owner = match &c.daemonset {
+        Some((namespace, name)) => Some(Owner::start(own.clone(), namespace, name).await),
+        None => None,
+    };
+    Ok(Nri { door, metrics, owner })
 }

@@ -44,6 +44,8 @@ use crate::publish::metadata_dir::{DriverOwned, read_regular};
 /// An answer this much before the runtime's deadline: later, the runtime
 /// drops the plugin and creates the container without its mounts.
 const ANSWER_MARGIN: Duration = Duration::from_millis(250);
+/// The keys of the slots of pods served through NRI: this, then the pod's uid.
+const SLOT_PREFIX: &str = "nri/";
 /// How often a container's tree is looked at while its creation waits.
 const READY_POLL: Duration = Duration::from_millis(10);
 /// The runtime's deadline for a call, until Configure says otherwise.
@@ -191,7 +193,7 @@ impl<M: Mounts> NriDoor<M> {
     }
 
     fn slot_key(uid: &str) -> String {
-        format!("nri/{uid}")
+        format!("{SLOT_PREFIX}{uid}")
     }
 
     /// The pod's slot, made (a place taken, its tmpfs mounted, its run
@@ -270,6 +272,15 @@ impl<M: Mounts> NriDoor<M> {
             lock(&self.serving).insert(facts.uid.clone(), NriPod { owned });
             return Ok(slot.clone());
         }
+    }
+
+    /// Remove every pod's slot: the agent is uninstalled. Their containers
+    /// keep the last tree (their bind mounts hold it), no longer live.
+    pub async fn remove_all(&self) {
+        let keys: Vec<String> =
+            self.served.table().slots.keys().filter(|k| k.starts_with(SLOT_PREFIX)).cloned().collect();
+        let uids: Vec<&str> = keys.iter().map(|k| &k[SLOT_PREFIX.len()..]).collect();
+        futures::future::join_all(uids.iter().map(|uid| self.stop_serving(uid))).await;
     }
 
     /// Remove the pod's slot, if it has one.

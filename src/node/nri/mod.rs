@@ -6,8 +6,8 @@
 //!
 //! Owns: NRI's messages (`api`), the wire (`wire`: the multiplexer and
 //! ttrpc, by hand), which containers get what mounts (`policy`, pure), each namespace's share of the time a creation
-//! may hold the runtime (`shares`, pure), the door the runtime's calls come through (`door`) and what it counts
-//! (`metrics`).
+//! may hold the runtime (`shares`, pure), the door the runtime's calls come through (`door`), what it counts
+//! (`metrics`), and whether a stop is for good (`uninstall`: the trees go).
 //!
 //! May use: `node::served` (the node's served pods, one home for both doors),
 //! `node::grpc`'s status codes, `engine`, `publish` and `model`.
@@ -18,4 +18,5 @@ pub mod metrics;
 pub mod plugin;
 pub mod policy;
 pub mod shares;
+pub mod uninstall;
 pub mod wire;
