@@ -4,7 +4,12 @@
 //!   - with a no-op init container (what any init container costs),
 //!   - with `drafs inject --mode init` (drafs's own share is the difference),
 //!   - labelled and injected by the webhook (the shipped configuration, by URL),
-//!   - with a CSI volume served by `drafs node` (docs/node-mode.md), no drafs container.
+//!   - with a CSI volume served by `drafs node` (docs/node-mode.md), no drafs container;
+//!   - then with `drafs node --nri` (docs/nri.md): the pod without drafs while the
+//!     plugin is registered (every container passes through it), and the pod
+//!     opted in by its label, nothing of drafs in it, its tree at its first line;
+//!   - 30 pods created at once (each a share of the GPU), until all run: without
+//!     drafs, and opted in through NRI.
 //!
 //! The kubelet's status is polled every 50 ms; "running" is the app's
 //! `state.running.startedAt` being set, the start itself from the pod's
@@ -71,6 +76,46 @@ fn injected(p: &Value) -> String {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The pod opted in through NRI: nothing of drafs in it but its label; its
+/// app exits at once if its tree is not there at its first line.
+fn nri_pod(ns: &str, name: &str, template: &str) -> Value {
+    let mut p = pod(ns, name, None, None);
+    p["metadata"]["labels"] = json!({"drafs.dev/nri": "enabled"});
+    p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!(template);
+    p["spec"]["restartPolicy"] = json!("Never");
+    p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "test -e /dra/.ready && exec sleep 3600"]);
+    p
+}
+
+/// Seconds from creating `pods` at once to all of them running.
+fn start_all(node: &Node, ns: &str, pods: &[Value]) -> f64 {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": pods});
+    let t0 = Instant::now();
+    let out = node.kubectl_stdin(&["create", "-f", "-"], Some(&list.to_string()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    loop {
+        let listed = node.get_json(&["pods", "-n", ns]).unwrap_or(Value::Null);
+        let items = listed["items"].as_array().cloned().unwrap_or_default();
+        let running = items
+            .iter()
+            .filter(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["name"] == "app" && c["state"]["running"].is_object()))
+            })
+            .count();
+        if running == pods.len() {
+            let took = t0.elapsed().as_secs_f64();
+            node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--grace-period=0"]);
+            return took;
+        }
+        let failed = items.iter().find(|p| p["status"]["phase"] == "Failed");
+        assert!(failed.is_none(), "a pod failed (its tree not there at its first line?): {}", failed.unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(300), "{running} of {} pods run", pods.len());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Seconds from create to the app running.
@@ -150,4 +195,50 @@ fn main() {
     // SAFETY: a signal to the agent's process group.
     unsafe { libc::killpg(agent.id() as i32, libc::SIGKILL) };
     let _ = agent.wait();
+
+    // The agent again, as the runtime's NRI plugin too.
+    let mut agent = node.spawn_drafs_node(&["--nri"], "agent-nri.log");
+    let served = wait_for(Duration::from_secs(60), || {
+        let out = node.kubectl_stdin(&["create", "-f", "-"], Some(&nri_pod(ns, "nri-warm", "one-gpu").to_string()));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let phase = wait_for(Duration::from_secs(60), || {
+            node.get_json(&["pod", "-n", ns, "nri-warm"])
+                .is_some_and(|p| p["status"]["phase"] == "Running" || p["status"]["phase"] == "Failed")
+        });
+        let running =
+            phase && node.get_json(&["pod", "-n", ns, "nri-warm"]).is_some_and(|p| p["status"]["phase"] == "Running");
+        node.kubectl_ok(&["delete", "pod", "-n", ns, "nri-warm", "--wait=true", "--grace-period=0"]);
+        running
+    });
+    assert!(served, "the NRI plugin does not serve");
+    let rows: Vec<(&str, MakePod)> = vec![
+        ("no drafs, NRI plugin registered (pod not opted in)", Box::new(|n| pod(ns, n, None, None).to_string())),
+        ("NRI (label `drafs.dev/nri: enabled`, nothing else)", Box::new(|n| nri_pod(ns, n, "one-gpu").to_string())),
+    ];
+    for (what, make) in &rows {
+        start(node, ns, "warmup", &make("warmup"));
+        let mut times: Vec<f64> =
+            (0..RUNS).map(|i| start(node, ns, &format!("p{i}"), &make(&format!("p{i}")))).collect();
+        times.sort_by(f64::total_cmp);
+        println!("| {what} | {:.2} | {:.2} | {:.2} |", times[RUNS / 2], times[0], times[RUNS - 1]);
+    }
+
+    // 30 pods at once, each a share of the GPU.
+    node.shared_gpu_template(ns, "gpu-share", "512Mi");
+    println!("\n| {AT_ONCE} pods created at once | until all run (s) |\n|---|---|");
+    let plain = |n: usize| {
+        let mut p = pod(ns, &format!("many-{n}"), None, None);
+        p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!("gpu-share");
+        p
+    };
+    let opted = |n: usize| nri_pod(ns, &format!("many-{n}"), "gpu-share");
+    let without: Vec<Value> = (0..AT_ONCE).map(plain).collect();
+    let with: Vec<Value> = (0..AT_ONCE).map(opted).collect();
+    println!("| no drafs | {:.2} |", start_all(node, ns, &without));
+    println!("| NRI | {:.2} |", start_all(node, ns, &with));
+    // SAFETY: a signal to the agent's process group (SIGTERM: it stops as the DaemonSet's would).
+    unsafe { libc::killpg(agent.id() as i32, libc::SIGTERM) };
+    let _ = agent.wait();
 }
+
+const AT_ONCE: usize = 30;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use drafs_test_support::wait_for;
 use drafs::node::nri::api;
+use drafs_test_support::wait_for;
 use nri_harness::*;
 
 #[test]

@@ -355,4 +355,3 @@ pub fn gpus(api: &TestApi, mark: &str) {
 pub fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
-
