@@ -232,3 +232,31 @@ fn a_restarted_agent_takes_its_pods_trees_back_and_removes_those_of_pods_gone() 
     });
     assert!(live, "the running pod's tree is live again");
 }
+
+#[test]
+fn a_container_is_given_only_its_own_pods_tree_whatever_the_names_it_comes_with() {
+    let api = api();
+    gpus(&api, "");
+    let one = gpu_pod(&api, "p1", "u1", json!({}));
+    let two = gpu_pod(&api, "p2", "u2", json!({}));
+    let mut a = agent_with(api, vec![], None);
+    a.wait_ready("u1", "trainer");
+    a.wait_ready("u2", "trainer");
+    for (pod, uid) in [(&one, "u1"), (&two, "u2")] {
+        let answer = rt().block_on(a.runtime.create_container(pod, "trainer", vec![])).unwrap();
+        let source = answer.adjust.unwrap().mounts[0].source.clone();
+        assert_eq!(source, a.tree_of(uid, "trainer").to_string_lossy());
+    }
+    // Names that would lead out of the pod's directory are refused, nothing mounted.
+    let hostile = [
+        (one.clone(), "../u2/trainer"),
+        (one.clone(), ".."),
+        (api::PodSandbox { uid: "../u2".into(), ..one.clone() }, "trainer"),
+        (api::PodSandbox { uid: "u1/../u2".into(), ..one.clone() }, "trainer"),
+    ];
+    for (pod, container) in hostile {
+        let refused = rt().block_on(a.runtime.create_container(&pod, container, vec![])).unwrap_err();
+        assert_eq!(refused.0, 3, "InvalidArgument for {}/{container}: {refused:?}", pod.uid);
+        assert!(refused.1.contains("drafs cannot serve"), "{}", refused.1);
+    }
+}

@@ -199,6 +199,9 @@ impl<M: Mounts> NriDoor<M> {
     /// The pod's slot, made (a place taken, its tmpfs mounted, its run
     /// started) if it has none.
     async fn ensure_serving(&self, facts: &PodFacts) -> Result<Arc<Slot>, Status> {
+        if !policy::plain_component(&facts.uid) {
+            return Err(Status::new(Code::InvalidArgument, format!("drafs cannot serve a pod uid {:?}", facts.uid)));
+        }
         let options = facts.options.clone().map_err(|e| Status::new(Code::InvalidArgument, e))?;
         let pod = PodRef { namespace: facts.namespace.clone(), name: facts.name.clone() };
         loop {
@@ -359,6 +362,12 @@ impl<M: Mounts> NriDoor<M> {
         if !policy::opted_in(label, self.namespace_enabled(&sandbox.namespace)) {
             // Every container of the node comes through here: nothing to do is answered at once.
             return Ok(api::CreateContainerResponse::default());
+        }
+        // They name the tree's directory: never a path elsewhere.
+        for (what, name) in [("pod uid", &sandbox.uid), ("container name", &container.name)] {
+            if !policy::plain_component(name) {
+                return Err(Status::new(Code::InvalidArgument, format!("drafs cannot serve a {what} {name:?}")));
+            }
         }
         let share = lock(&self.shares).left(&sandbox.namespace, started);
         let full = self.answer_within(timeout);

@@ -122,6 +122,15 @@ fn options(annotations: &BTreeMap<String, String>) -> Result<MountOptions, Strin
     Ok(MountOptions { dir, metadata_dir, require })
 }
 
+/// Whether `name` (a pod's uid, a container's name, as the runtime sends
+/// them) can name a directory of the agent's: one plain path component.
+pub fn plain_component(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && !matches!(name, "." | "..")
+        && !name.chars().any(|c| c == '/' || c.is_control())
+}
+
 /// Whether a pod asks for NRI's mounts: its own label says `enabled`, or its
 /// namespace's does and its own does not say `disabled`.
 pub fn opted_in(pod_label: Option<&str>, namespace_enabled: bool) -> bool {
@@ -250,6 +259,16 @@ mod tests {
         let mut with_container = pod(json!({}));
         with_container.spec.as_mut().unwrap().containers[1].name = DRAFS_CONTAINER.into();
         assert!(PodFacts::of(&with_container, "drafs.dev").has_drafs);
+    }
+
+    #[test]
+    fn only_a_plain_component_names_a_directory() {
+        for fine in ["0f8e5d3c-7a1b-4c2d-9e8f-1a2b3c4d5e6f", "trainer", "a.b"] {
+            assert!(plain_component(fine), "{fine}");
+        }
+        for bad in ["", ".", "..", "../u2", "a/b", "a\0b", "a\nb", &"x".repeat(254)] {
+            assert!(!plain_component(bad), "{bad:?}");
+        }
     }
 
     #[test]
