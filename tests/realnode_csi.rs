@@ -228,14 +228,7 @@ fn a_launcher_reads_the_standard_view_from_a_csi_volume_beside_a_drivers_own_fil
     let mut record: Value = serde_json::from_str(&node.exec(ns, "launcher", "app", &["cat", "/dra/.json"])).unwrap();
     record["claims"].as_array_mut().unwrap().retain(|c| c["name"] == "gpu");
     std::fs::write(copy.path().join("tree.json"), record.to_string()).unwrap();
-    let out = std::process::Command::new(node.metadata_decoder())
-        .args(["-test.run", "^TestDecodeStandardView$", "-test.v", "-test.count=1"])
-        .env("DRAFS_METADATA_DIR", copy.path().join("view"))
-        .env("DRAFS_TREE_JSON", copy.path().join("tree.json"))
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), stderr(&out));
-    assert!(out.status.success() && text.contains("decoded and matched"), "the upstream decoder disagrees:\n{text}");
+    node.assert_decoder_agrees(&copy.path().join("view"), &copy.path().join("tree.json"));
 
     // The view follows the device, as the tree does.
     node.set_devices(GPU_DRIVER, &node::devices(GPU_DRIVER, " (view)"));

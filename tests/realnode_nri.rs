@@ -215,14 +215,7 @@ fn decode_standard_view(node: &Node, ns: &str, file: &str) {
     let mut record: Value = serde_json::from_str(&node.exec(ns, "app", "a", &["cat", "/dra/.json"])).unwrap();
     record["claims"].as_array_mut().unwrap().retain(|c| c["name"] == "gpus");
     std::fs::write(copy.path().join("tree.json"), record.to_string()).unwrap();
-    let out = std::process::Command::new(node.metadata_decoder())
-        .args(["-test.run", "^TestDecodeStandardView$", "-test.v", "-test.count=1"])
-        .env("DRAFS_METADATA_DIR", copy.path().join("view"))
-        .env("DRAFS_TREE_JSON", copy.path().join("tree.json"))
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), stderr(&out));
-    assert!(out.status.success() && text.contains("decoded and matched"), "the upstream decoder disagrees:\n{text}");
+    node.assert_decoder_agrees(&copy.path().join("view"), &copy.path().join("tree.json"));
 }
 
 #[test]

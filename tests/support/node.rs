@@ -659,6 +659,20 @@ impl Node {
         self.bin.join("metadata.test")
     }
 
+    /// The upstream KEP-5304 decoder reads the standard view in `view` and
+    /// finds in it what the tree's record `tree_json` says (it panics with the
+    /// decoder's output when it does not).
+    pub fn assert_decoder_agrees(&self, view: &Path, tree_json: &Path) {
+        let out = Command::new(self.metadata_decoder())
+            .args(["-test.run", "^TestDecodeStandardView$", "-test.v", "-test.count=1"])
+            .env("DRAFS_METADATA_DIR", view)
+            .env("DRAFS_TREE_JSON", tree_json)
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("decoded and matched"), "the upstream decoder disagrees:\n{text}");
+    }
+
     /// The mount table of the node's mount namespace (where the kubelet and the pods' volumes are).
     pub fn mountinfo(&self) -> String {
         std::fs::read_to_string(format!("/proc/{}/mountinfo", self.ns_pid)).unwrap_or_default()
