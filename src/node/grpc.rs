@@ -1,8 +1,10 @@
 //! Unary gRPC over HTTP/2 on a Unix socket, as the kubelet calls a CSI
 //! plugin: the hyper already linked for the webhook, with its HTTP/2 half, and
 //! the framing by hand (a 5-byte prefix per message, the status in trailers).
-//! drafs needs no streaming, no compression and no TLS here, so a gRPC stack
-//! would bring far more than it uses (docs/node-mode.md has the sizes).
+//! drafs needs no streaming, no compression and no TLS here; a gRPC stack
+//! (tonic) would bring tower, generated code and `protoc` at build time for
+//! a handful of unary calls. The same trade for NRI's ttrpc was measured:
+//! docs/architecture.md, "Why the wire is hand-written".
 
 use std::convert::Infallible;
 use std::future::Future;
