@@ -11,7 +11,6 @@ use tracing::warn;
 
 use crate::engine::EngineError;
 use crate::engine::reconcile::{Action, Input, Objects, Phase, Reconciler, Step};
-use crate::engine::source::sleep_until_opt;
 use crate::model::resolve::Resolution;
 use crate::publish::outputs::{Outputs, PublishError, Written};
 
@@ -180,4 +179,12 @@ async fn write_done(outputs: Option<&mut Outputs>) -> Option<Written> {
 /// The deadline of a run that may last `timeout` (0: none).
 pub fn deadline(timeout: Duration) -> Option<Instant> {
     (!timeout.is_zero()).then(|| Instant::now() + timeout)
+}
+
+/// Sleep until `at`, or forever when there is no such time.
+pub async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

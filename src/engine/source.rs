@@ -32,7 +32,7 @@ use tracing::{debug, info};
 
 use crate::engine::PodRef;
 use crate::engine::api::{ApiError, WATCH_IDLE, WATCH_SECONDS_MAX, WATCH_SECONDS_MIN, object_meta};
-use crate::engine::drive::Feed;
+use crate::engine::drive::{Feed, sleep_until_opt};
 use crate::engine::reconcile::{Action, Input};
 use crate::engine::shared::{SharedSlices, SliceSet};
 use crate::engine::store::{Item, Scope};
@@ -278,14 +278,6 @@ impl Feed for ApiFeed {
     /// The deadline no longer applies (the run was ready once).
     fn clear_deadline(&mut self) {
         self.deadline = None;
-    }
-}
-
-/// Sleep until `at`, or forever when there is no such time.
-pub async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

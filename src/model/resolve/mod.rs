@@ -12,6 +12,7 @@
 
 mod claims;
 mod container;
+mod health;
 mod index;
 mod outcome;
 #[cfg(test)]
@@ -23,7 +24,6 @@ use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, Device, DeviceReques
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::model::extended::{self, ExtendedClaim};
-use crate::model::health;
 use crate::model::names::{QualifiedName, is_dns_label};
 use crate::model::objects::Snapshot;
 use crate::model::status_data;
