@@ -5,7 +5,7 @@
 
 use drafs_test_support as support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -173,6 +173,25 @@ fn bad_values_are_refused_with_the_reason() {
         assert!(!out.status.success(), "{set} was rendered");
         assert!(stderr(&out).contains(reason), "{set}: {}", stderr(&out));
     }
+    // values.schema.json: unknown keys, wrong types, values out of range.
+    for (set, reason) in [
+        ("replicaz=2", "additional properties 'replicaz' not allowed"),
+        ("node.nri.enabeld=false", "additional properties 'enabeld' not allowed"),
+        ("replicas=abc", "at '/replicas': got string, want integer"),
+        ("timeoutSeconds=60", "at '/timeoutSeconds': maximum: got 60, want 30"),
+        ("node.maxPods=-5", "at '/node/maxPods': minimum: got -5, want 1"),
+        ("node.updateStrategy.type=Foo", "at '/node/updateStrategy/type': value must be one of"),
+        ("node.nri.wait=soon", "at '/node/nri/wait'"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+    ] {
+        let out = helm::run(cp, &["template", "drafs", CHART, "--set", "node.enabled=true", "--set", set]);
+        assert!(!out.status.success(), "{set} was rendered");
+        assert!(stderr(&out).contains(reason), "{set}: {}", stderr(&out));
+    }
+    // What --set makes of two digits is a number: written back with its zero.
+    let docs = render(cp, &["--set", "node.enabled=true", "--set", "node.nri.pluginIndex=5"]);
+    let args = &find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(args.as_array().unwrap().contains(&json!("--nri-plugin-index=05")), "{args}");
 }
 
 /// The webhook's arguments (`webhook`, `--flag=value`...).
@@ -431,6 +450,17 @@ fn the_node_agent_mounts_only_what_it_uses_is_probed_and_sized() {
     assert_eq!(daemonset["spec"]["updateStrategy"]["type"], "RollingUpdate");
     let paths: BTreeSet<&str> =
         pod["volumes"].as_array().unwrap().iter().map(|v| v["hostPath"]["path"].as_str().unwrap()).collect();
+    // The kubelet's own directories must exist (a wrong kubeletDir stops the
+    // pod with the path); drafs's own are made.
+    let types: BTreeMap<&str, &str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["hostPath"]["path"].as_str().unwrap(), v["hostPath"]["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(types["/var/lib/kubelet/pods"], "Directory");
+    assert_eq!(types["/var/lib/kubelet/plugins_registry"], "Directory");
+    assert_eq!(types["/var/lib/kubelet/plugins/drafs.dev"], "DirectoryOrCreate");
     let wanted = [
         "/var/lib/kubelet/pods",
         "/var/lib/kubelet/plugins/drafs.dev",
