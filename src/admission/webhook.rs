@@ -31,7 +31,7 @@ pub mod metrics;
 mod requests;
 pub mod tls;
 
-use crate::publish::slots::Slots;
+use crate::publish::slots::{Slots, until_closed};
 use metrics::WebhookMetrics;
 use requests::{LargeJob, handle, large_review_thread};
 pub use tls::CertError;
@@ -277,10 +277,10 @@ impl Webhook {
                     _ = freed => {}
                 }
             };
-            if let Some(evicted) = evicted {
+            let evicted = evicted.inspect(|evicted| {
                 evicted.close.notify_one();
                 self.state.metrics.evicted();
-            }
+            });
             tokio::spawn(connection(
                 tcp,
                 peer,
@@ -289,6 +289,10 @@ impl Webhook {
                 (id, close),
                 shutdown.subscribe(),
             ));
+            if evicted.is_some() {
+                // Never more than the limit's descriptors, however fast they come.
+                until_closed(|| self.state.slots().closing()).await;
+            }
         }
     }
 

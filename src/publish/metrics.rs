@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::model::health::HealthState;
 use crate::model::resolve::Resolution;
 use crate::publish::prometheus::{self, Kind, Text};
-use crate::publish::slots::Slots;
+use crate::publish::slots::{Slots, until_closed};
 
 /// The labels that name a device in `drafs_device_health`.
 type DeviceLabels = Vec<(&'static str, String)>;
@@ -285,28 +285,41 @@ pub async fn serve_paths<E: Exposition + ?Sized + 'static>(listener: TcpListener
         // No connection here is ever busy (an answer is made at once), so there is always room.
         let admitted = lock(&slots).admit(peer.ip(), Instant::now(), MAX_CONNECTIONS);
         let Some((id, close, evicted)) = admitted else { continue };
+        spawn_connection(stream, id, close, &metrics, &slots, paths);
         if let Some(evicted) = evicted {
             evicted.close.notify_one();
             evictions.count(evicted.peer, listener.local_addr().ok());
+            until_closed(|| lock(&slots).closing()).await;
         }
-        let (metrics, slots) = (metrics.clone(), slots.clone());
-        tokio::spawn(async move {
-            let _release = Release(slots, id);
-            let service = hyper::service::service_fn(move |req| {
-                let answer = answer(&req, &*metrics, paths);
-                async move { Ok::<_, std::convert::Infallible>(answer) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            // The head must arrive within the time; one request per connection
-            // (a slot is held per connection); the smallest buffer hyper takes.
-            builder.timer(TokioTimer::new()).header_read_timeout(REQUEST_TIMEOUT).keep_alive(false).max_buf_size(8192);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = tokio::time::timeout(REQUEST_TIMEOUT, connection) => {}
-                () = close.notified() => {}
-            }
-        });
     }
+}
+
+/// Serve one connection in a task of its own.
+fn spawn_connection<E: Exposition + ?Sized + Send + Sync + 'static>(
+    stream: tokio::net::TcpStream,
+    id: u64,
+    close: Arc<tokio::sync::Notify>,
+    metrics: &Arc<E>,
+    slots: &Arc<Mutex<Slots>>,
+    paths: Paths,
+) {
+    let (metrics, slots) = (metrics.clone(), slots.clone());
+    tokio::spawn(async move {
+        let _release = Release(slots, id);
+        let service = hyper::service::service_fn(move |req| {
+            let answer = answer(&req, &*metrics, paths);
+            async move { Ok::<_, std::convert::Infallible>(answer) }
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        // The head must arrive within the time; one request per connection
+        // (a slot is held per connection); the smallest buffer hyper takes.
+        builder.timer(TokioTimer::new()).header_read_timeout(REQUEST_TIMEOUT).keep_alive(false).max_buf_size(8192);
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::select! {
+            _ = tokio::time::timeout(REQUEST_TIMEOUT, connection) => {}
+            () = close.notified() => {}
+        }
+    });
 }
 
 fn lock(slots: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {

@@ -22,6 +22,8 @@ use tokio::sync::Notify;
 pub struct Slots {
     next: u64,
     open: BTreeMap<u64, Open>,
+    /// Connections told to close to make room that have not ended yet.
+    closing: usize,
 }
 
 #[derive(Debug)]
@@ -58,7 +60,9 @@ impl Slots {
                 .iter()
                 .filter_map(|(id, o)| o.since.map(|since| (held[&o.peer], std::cmp::Reverse(since), *id)))
                 .max()?;
-            self.open.remove(&victim).map(|o| Evicted { close: o.close, peer: o.peer })
+            let evicted = self.open.remove(&victim).map(|o| Evicted { close: o.close, peer: o.peer });
+            self.closing += 1;
+            evicted
         } else {
             None
         };
@@ -80,8 +84,18 @@ impl Slots {
         self.open.get(&id).is_some_and(|o| o.since.is_none())
     }
 
+    /// The connection `id` ended (it may have been told to close).
     pub fn release(&mut self, id: u64) {
-        self.open.remove(&id);
+        if self.open.remove(&id).is_none() {
+            self.closing = self.closing.saturating_sub(1);
+        }
+    }
+
+    /// Connections told to close that have not ended yet: a listener waits
+    /// for them before it accepts again, so that it never holds more than
+    /// its limit (and one) of descriptors, however fast they come.
+    pub fn closing(&self) -> usize {
+        self.closing
     }
 
     /// Connections open now.
@@ -93,6 +107,18 @@ impl Slots {
         self.open.is_empty()
     }
 }
+
+/// Until `closing()` says every connection told to close has ended, or
+/// [`CLOSE_WAIT`] (a task that does not end is not waited for forever).
+pub async fn until_closed(closing: impl Fn() -> usize) {
+    let until = tokio::time::Instant::now() + CLOSE_WAIT;
+    while closing() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// Longest a listener waits for the connections it closed.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
@@ -134,6 +160,11 @@ mod tests {
         let (_, _, evicted) = slots.admit(A, t(9), 3).unwrap();
         assert!(evicted.is_none());
         assert_eq!(slots.len(), 3);
+        // Told to close: counted until its task ends.
+        assert_eq!(slots.closing(), 2, "b and d");
+        slots.release(b);
+        slots.release(e);
+        assert_eq!(slots.closing(), 1, "b ended; e ended by itself");
     }
 
     /// A flood from one address closes only its own connections, however
