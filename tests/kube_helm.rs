@@ -97,6 +97,36 @@ fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
     let env = container["env"].as_array().unwrap();
     assert!(env.iter().any(|e| e["name"] == "DRAFS_IMAGE" && e["value"] == "registry.example/drafs:1.2.3"), "{env:?}");
 
+    // A private registry: a mirror before the repository, the image by
+    // digest, pull secrets for the chart's own pods; the same reference for
+    // the webhook, what it injects and the node agent.
+    let digest = format!("sha256:{}", "0a".repeat(32));
+    let docs = render(
+        cp,
+        &[
+            "--set",
+            "node.enabled=true",
+            "--set",
+            "image.registry=mirror.internal:5000",
+            "--set",
+            &format!("image.digest={digest}"),
+            "--set",
+            "imagePullSecrets[0]=regcred",
+            "--set",
+            "imagePullSecrets[1].name=other",
+        ],
+    );
+    let reference = format!("mirror.internal:5000/drafs:0.1.0@{digest}");
+    for kind in ["Deployment", "DaemonSet"] {
+        let pod = &find(&docs, kind)["spec"]["template"]["spec"];
+        assert_eq!(pod["containers"][0]["image"], reference.as_str(), "{kind}");
+        assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "other"}]), "{kind}");
+    }
+    let env = find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"].clone();
+    assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "DRAFS_IMAGE" && e["value"] == reference.as_str()));
+    let out = helm::run(cp, &["template", "drafs", CHART, "--set", "image.digest=latest"]);
+    assert!(stderr(&out).contains("at '/image/digest'"), "{}", stderr(&out));
+
     // The settings a platform team sets.
     let docs = render(
         cp,

@@ -23,7 +23,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* One image for the webhook and for the container it injects. */}}
 {{- define "drafs.image" -}}
+{{- with .Values.image.registry }}{{ trimSuffix "/" . }}/{{ end -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* The pods' imagePullSecrets, from names or {name: ...}. */}}
+{{- define "drafs.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+- name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The name the API server calls, which the serving certificate must cover. */}}
