@@ -127,6 +127,12 @@ fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
     let out = helm::run(cp, &["template", "drafs", CHART, "--set", "image.digest=latest"]);
     assert!(stderr(&out).contains("at '/image/digest'"), "{}", stderr(&out));
 
+    // The injected container's resources: drafs's defaults, a CPU limit added.
+    let args = webhook_args(&render(cp, &["--set", "injectedResources.limits.cpu=100m"]));
+    for arg in ["--cpu-request=10m", "--memory-request=16Mi", "--cpu-limit=100m", "--memory-limit=32Mi"] {
+        assert!(args.contains(&arg.to_string()), "{arg} not in {args:?}");
+    }
+
     // The settings a platform team sets.
     let docs = render(
         cp,

@@ -264,6 +264,65 @@ fn an_injected_pod_gives_credentials_to_drafs_alone() {
     assert!(!volumes.iter().any(|v| v["name"].as_str().unwrap().starts_with("kube-api-access")), "{volumes:?}");
 }
 
+/// A namespace whose ResourceQuota covers `limits.cpu` (no LimitRange
+/// default) refuses a pod whose drafs container sets none, as the real quota
+/// admission says; `inject --cpu-limit` (the webhook's flag, the chart's
+/// injectedResources) gets it admitted.
+#[test]
+fn a_quota_on_cpu_limits_admits_drafs_given_its_limit() {
+    let Some(cp) = controlplane::shared() else { return };
+    let ns = support::cluster::unique("quota");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    cp.ensure(&json!({
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "limits", "namespace": ns},
+        "spec": {"hard": {"limits.cpu": "4", "limits.memory": "4Gi"}},
+    }));
+    // What the quota controller writes (this control plane runs none): the
+    // admission plugin decides from the status.
+    let status = json!({"status": {"hard": {"limits.cpu": "4", "limits.memory": "4Gi"},
+                                   "used": {"limits.cpu": "0", "limits.memory": "0"}}});
+    let patched = cp.kubectl(&[
+        "patch",
+        "resourcequota",
+        "limits",
+        "-n",
+        &ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    assert_ok(&patched);
+    let out = std::process::Command::new(drafs_bin()).args(["manifests", "rbac", "--namespace", &ns]).output().unwrap();
+    for doc in yaml_docs(&stdout(&out)) {
+        cp.ensure(&doc);
+    }
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  resourceClaims: [{{name: gpu, resourceClaimTemplateName: single-gpu}}]\n  containers:\n  - name: app\n    image: registry.example/app:1\n    resources: {{claims: [{{name: gpu}}], limits: {{cpu: 500m, memory: 256Mi}}}}\n"
+        )
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let create = |manifest: &str| {
+        let file = scratch.path().join("pod.yaml");
+        std::fs::write(&file, manifest).unwrap();
+        cp.kubectl(&["create", "-f", file.to_str().unwrap()])
+    };
+    let refused = stderr(&create(&inject_text("init", &pod("plain"))));
+    assert!(
+        refused.contains("must specify limits.cpu"),
+        "the quota did not refuse drafs without a CPU limit: {refused}"
+    );
+    assert!(refused.contains("drafs"), "the container is named: {refused}");
+    let out = drafs_with_stdin(
+        &["inject", "--mode", "init", "--image", "registry.example/drafs:test", "--cpu-limit", "100m"],
+        &pod("limited"),
+    );
+    assert_ok(&out);
+    let created = create(&stdout(&out));
+    assert_ok(&created);
+}
+
 /// `drafs inject --mode MODE` of `input`, with a fixed image.
 fn inject_text(mode: &str, input: &str) -> String {
     let out = drafs_with_stdin(&["inject", "--mode", mode, "--image", "registry.example/drafs:test"], input);

@@ -402,7 +402,7 @@ mod tests {
     fn the_csi_volume_names_the_webhooks_driver_and_a_pod_with_one_has_drafs() {
         for defaults in [
             Defaults::new("drafs:test"),
-            Defaults { image: "drafs:test".into(), csi_driver: "node.drafs.example".into() },
+            Defaults { csi_driver: "node.drafs.example".into(), ..Defaults::new("drafs:test") },
         ] {
             let pod = pod_with(|p| p["metadata"]["labels"][INJECT_LABEL] = json!("csi"));
             let (response, verdict) = review(&request(pod.clone()), &defaults, OptIn::Pod).unwrap();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::admission::manifests::DEFAULT_ACCOUNT;
+use crate::admission::resources::Resources;
 pub use crate::model::container_path::{PathProblem, TOKEN_PATH, check_container_path, check_metadata_dir};
 use crate::model::extended::is_extended_resource;
 use crate::model::tree::RequirePath;
@@ -161,6 +162,8 @@ pub struct Options {
     pub ready_when_healthy: bool,
     /// The CSI driver the `csi` mode's volume names.
     pub csi_driver: String,
+    /// The drafs container's requests and limits.
+    pub resources: Resources,
 }
 
 impl Options {
@@ -175,6 +178,7 @@ impl Options {
             timeout: None,
             ready_when_healthy: false,
             csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into(),
+            resources: Resources::default(),
         }
     }
 }
@@ -265,7 +269,7 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
         "runAsGroup": NON_ROOT_ID,
         "seccompProfile": {"type": "RuntimeDefault"},
     });
-    let resources = json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}});
+    let resources = opts.resources.to_json();
     let mut mounts = vec![json!({"name": volumes.tree, "mountPath": dir})];
     let mut c = json!({
         "name": CONTAINER,

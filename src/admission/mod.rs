@@ -4,7 +4,8 @@
 //! - which pods get drafs, and with which options (`policy`, pure: the
 //!   `drafs.dev/inject` label, the webhook's paths, the annotations);
 //! - the manifest rewrite shared by `drafs inject` and the webhook (`inject`,
-//!   pure) and the RBAC drafs needs (`manifests`);
+//!   pure; the drafs container's requests and limits: `resources`) and the
+//!   RBAC drafs needs (`manifests`);
 //! - the answer to one AdmissionReview (`decision`, pure), which reads only
 //!   the parts of the pod `inject` needs (`prune`) and answers with a JSON
 //!   Patch computed against the raw text (`patch`);
@@ -26,5 +27,6 @@ pub mod patch;
 pub mod policy;
 pub mod probe;
 pub mod prune;
+pub mod resources;
 pub mod webhook;
 pub mod x509;

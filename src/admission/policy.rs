@@ -6,6 +6,7 @@
 //! explains with them (`check`), so the two can never disagree on whether a
 //! pod gets drafs.
 
+use crate::admission::resources::{RESOURCES_ANNOTATION, Resources};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -91,12 +92,18 @@ pub fn opt_in_of_path(path: &str, namespace_mode: Mode) -> Option<OptIn> {
 pub struct Defaults {
     pub image: String,
     pub csi_driver: String,
+    /// The drafs container's requests and limits, unless a pod's annotation says otherwise.
+    pub resources: Resources,
 }
 
 impl Defaults {
-    /// `image`, and the driver's default name.
+    /// `image`, the driver's default name, drafs's default resources.
     pub fn new(image: impl Into<String>) -> Self {
-        Defaults { image: image.into(), csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into() }
+        Defaults {
+            image: image.into(),
+            csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into(),
+            resources: Resources::default(),
+        }
     }
 }
 
@@ -113,6 +120,13 @@ pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Op
     let annotation = |key: &str| pod.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
     let mut opts = Options::new(mode, defaults.image.clone());
     opts.csi_driver = defaults.csi_driver.clone();
+    opts.resources = defaults.resources.clone();
+    if let Some(text) = annotation(RESOURCES_ANNOTATION) {
+        opts.resources = defaults
+            .resources
+            .with(text)
+            .map_err(|e| format!("annotation {RESOURCES_ANNOTATION}: {e} (e.g. cpu-limit=100m,memory-limit=64Mi)"))?;
+    }
     if let Some(dir) = annotation(DIR_ANNOTATION) {
         inject::check_container_path(dir)
             .map_err(|p| format!("annotation {DIR_ANNOTATION}: {dir:?} {p} (a container path for the tree)"))?;
@@ -161,8 +175,9 @@ pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Op
     }
     if mode == Mode::Csi {
         // (The standard view is a second volume of drafs node's: METADATA_DIR_ANNOTATION works.)
-        let for_a_container =
-            [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION].into_iter().find(|a| annotation(a).is_some());
+        let for_a_container = [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION, RESOURCES_ANNOTATION]
+            .into_iter()
+            .find(|a| annotation(a).is_some());
         if let Some(a) = for_a_container {
             return Err(format!(
                 "annotation {a} is for a drafs container; mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"
@@ -213,8 +228,9 @@ mod tests {
                 "{mode:?} runs after prepare"
             );
         }
-        for a in [TIMEOUT_ANNOTATION, READY_WHEN_HEALTHY_ANNOTATION] {
-            let value = if a == TIMEOUT_ANNOTATION { "5m" } else { "true" };
+        for (a, value) in
+            [(TIMEOUT_ANNOTATION, "5m"), (READY_WHEN_HEALTHY_ANNOTATION, "true"), (RESOURCES_ANNOTATION, "cpu-limit=1")]
+        {
             let err = options(&pod(json!({a: value})), Mode::Csi, &Defaults::new("drafs:1")).unwrap_err();
             assert!(err.starts_with(&format!("annotation {a} is for a drafs container")), "{err}");
         }
@@ -223,5 +239,19 @@ mod tests {
         let opts = options(&pod(view), Mode::Csi, &Defaults::new("drafs:1")).unwrap();
         assert_eq!(opts.metadata_dir.as_deref(), Some("/var/run/x"));
         assert_eq!(opts.metadata_from_drivers, ["dra.net"]);
+    }
+
+    #[test]
+    fn a_pods_annotation_sets_the_containers_resources_over_the_webhooks() {
+        let pod = |annotations: Value| json!({"metadata": {"annotations": annotations}});
+        let defaults =
+            Defaults { resources: Resources::default().with("cpu-limit=200m").unwrap(), ..Defaults::new("d:1") };
+        let opts = options(&pod(json!({})), Mode::Init, &defaults).unwrap();
+        assert_eq!(opts.resources.cpu_limit.as_deref(), Some("200m"), "the webhook's flags");
+        let asked = pod(json!({RESOURCES_ANNOTATION: "cpu-limit=50m,memory-limit=64Mi"}));
+        let opts = options(&asked, Mode::SidecarFiles, &defaults).unwrap();
+        assert_eq!(opts.resources.to_json()["limits"], json!({"cpu": "50m", "memory": "64Mi"}));
+        let err = options(&pod(json!({RESOURCES_ANNOTATION: "cpu-limit=lots"})), Mode::Init, &defaults).unwrap_err();
+        assert!(err.starts_with("annotation drafs.dev/resources: \"lots\" is not a quantity"), "{err}");
     }
 }

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::admission::inject::Mode;
 use crate::admission::policy::Defaults;
+use crate::admission::resources::Resources;
 
 pub mod metrics;
 mod requests;
@@ -81,6 +82,8 @@ pub struct Config {
     pub namespace_mode: Mode,
     /// The CSI driver mode csi's volume names (the chart's `node.driverName`).
     pub csi_driver: String,
+    /// The injected container's requests and limits, unless a pod's annotation says otherwise.
+    pub resources: Resources,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -213,7 +216,11 @@ impl Webhook {
             None => None,
         };
         let state = State {
-            defaults: Defaults { image: config.image.clone(), csi_driver: config.csi_driver.clone() },
+            defaults: Defaults {
+                image: config.image.clone(),
+                csi_driver: config.csi_driver.clone(),
+                resources: config.resources.clone(),
+            },
             namespace_mode: config.namespace_mode,
             metrics: Arc::new(WebhookMetrics::default()),
             slots: Mutex::new(Slots::default()),

@@ -199,6 +199,47 @@ fn parse_plugin_index(s: &str) -> Result<String, String> {
     }
 }
 
+/// The injected drafs container's requests and limits (`inject`, `webhook`):
+/// each flag over drafs's defaults (docs/deploy.md).
+#[derive(Debug, Args, Default)]
+pub struct ResourcesArgs {
+    /// The drafs container's CPU request (default 10m; empty: none).
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity_or_none)]
+    pub cpu_request: Option<String>,
+    /// Its memory request (default 16Mi; empty: none).
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity_or_none)]
+    pub memory_request: Option<String>,
+    /// Its CPU limit (default none), for a namespace whose ResourceQuota covers limits.cpu.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity_or_none)]
+    pub cpu_limit: Option<String>,
+    /// Its memory limit (default 32Mi, at least 32Mi; empty: none).
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity_or_none)]
+    pub memory_limit: Option<String>,
+}
+
+impl ResourcesArgs {
+    /// The flags over drafs's defaults, checked together (a request above its limit).
+    pub fn resources(&self) -> Result<crate::admission::resources::Resources, String> {
+        let pairs: Vec<String> = [
+            ("cpu-request", &self.cpu_request),
+            ("memory-request", &self.memory_request),
+            ("cpu-limit", &self.cpu_limit),
+            ("memory-limit", &self.memory_limit),
+        ]
+        .iter()
+        .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key}={v}")))
+        .collect();
+        crate::admission::resources::Resources::default().with(&pairs.join(",")).map_err(|e| {
+            format!("the drafs container's --cpu-request, --memory-request, --cpu-limit, --memory-limit: {e}")
+        })
+    }
+}
+
+/// A quantity, or "" (none).
+fn parse_quantity_or_none(text: &str) -> Result<String, String> {
+    if text.is_empty() { Ok(String::new()) } else { crate::admission::resources::check_quantity(text) }
+}
+
 /// `--csi-driver`, for the commands that name or recognize the volume of mode
 /// csi: the driver's name is the chart's to choose (`node.driverName`).
 #[derive(Debug, Args)]
@@ -303,6 +344,9 @@ pub struct WebhookArgs {
     pub namespace_mode: ModeArg,
     #[command(flatten)]
     pub csi: CsiDriverArgs,
+    /// The injected container's requests and limits (a pod's drafs.dev/resources annotation goes over them).
+    #[command(flatten)]
+    pub resources: ResourcesArgs,
 }
 
 #[derive(Debug, Args)]
@@ -342,6 +386,8 @@ pub struct InjectArgs {
     pub ready_when_healthy: bool,
     #[command(flatten)]
     pub csi: CsiDriverArgs,
+    #[command(flatten)]
+    pub resources: ResourcesArgs,
 }
 
 /// An image reference: not empty, no spaces or control characters.

@@ -25,6 +25,7 @@ impl Config {
         options.require = args.require.clone();
         options.timeout = args.timeout;
         options.csi_driver = args.csi.csi_driver.clone();
+        options.resources = args.resources.resources().map_err(Failure::Usage)?;
         if args.ready_when_healthy && inject::Mode::from(args.mode) == inject::Mode::Init {
             return Err(Failure::Usage(
                 "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),
@@ -33,9 +34,17 @@ impl Config {
         options.ready_when_healthy = args.ready_when_healthy;
         if options.mode == inject::Mode::Csi {
             // (--metadata-dir is a second volume of drafs node's: the standard view.)
-            let flag = [(args.timeout.is_some(), "--timeout"), (args.ready_when_healthy, "--ready-when-healthy")]
-                .into_iter()
-                .find_map(|(set, flag)| set.then_some(flag));
+            let resources = &args.resources;
+            let flag = [
+                (args.timeout.is_some(), "--timeout"),
+                (args.ready_when_healthy, "--ready-when-healthy"),
+                (resources.cpu_request.is_some(), "--cpu-request"),
+                (resources.memory_request.is_some(), "--memory-request"),
+                (resources.cpu_limit.is_some(), "--cpu-limit"),
+                (resources.memory_limit.is_some(), "--memory-limit"),
+            ]
+            .into_iter()
+            .find_map(|(set, flag)| set.then_some(flag));
             if let Some(flag) = flag {
                 return Err(Failure::Usage(format!(
                     "{flag} is for a drafs container; --mode csi adds none (the kubelet waits for the volume, docs/node-mode.md)"

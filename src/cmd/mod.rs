@@ -92,7 +92,7 @@ impl Config {
             Command::CopySelf(args) => Config::CopySelf(args.to.clone()),
             Command::Inject(args) => Config::Inject(inject::Config::from_args(args)?),
             Command::Manifests(ManifestsCommand::Rbac(args)) => Config::Manifests(manifests::Config::from_args(args)),
-            Command::Webhook(args) => Config::Webhook(webhook::config(args)),
+            Command::Webhook(args) => Config::Webhook(webhook::config(args)?),
             Command::Check(args) => Config::Check(check::Config::from_args(args)?),
             Command::Node(args) => Config::Node(node::Config::from_args(args)?),
         })

@@ -7,8 +7,8 @@ use crate::admission::webhook::{Config, Webhook};
 use crate::cmd::cli::WebhookArgs;
 use crate::cmd::{Failure, Stop, usage};
 
-pub fn config(args: &WebhookArgs) -> Config {
-    Config {
+pub fn config(args: &WebhookArgs) -> Result<Config, Failure> {
+    Ok(Config {
         addr: args.addr,
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -18,7 +18,8 @@ pub fn config(args: &WebhookArgs) -> Config {
         dns_names: args.dns_names.clone(),
         namespace_mode: args.namespace_mode.into(),
         csi_driver: args.csi.csi_driver.clone(),
-    }
+        resources: args.resources.resources().map_err(Failure::Usage)?,
+    })
 }
 
 /// Bind (bad addresses and certificates fail here, with exit 2), then serve;

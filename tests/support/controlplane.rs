@@ -508,6 +508,7 @@ fn resource_of(kind: &str) -> (&'static str, bool) {
         "Service" => ("services", true),
         "Pod" => ("pods", true),
         "Event" => ("events", true),
+        "ResourceQuota" => ("resourcequotas", true),
         "Role" => ("roles", true),
         "RoleBinding" => ("rolebindings", true),
         "ClusterRole" => ("clusterroles", false),
