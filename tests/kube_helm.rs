@@ -127,6 +127,29 @@ fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
     let out = helm::run(cp, &["template", "drafs", CHART, "--set", "image.digest=latest"]);
     assert!(stderr(&out).contains("at '/image/digest'"), "{}", stderr(&out));
 
+    // The agent's pods take the options the webhook's take.
+    let docs = render(
+        cp,
+        &[
+            "--set",
+            "node.enabled=true",
+            "--set",
+            "node.podLabels.team=gpu",
+            "--set",
+            "node.podAnnotations.owner=platform",
+            "--set",
+            "node.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=gpu",
+            "--set",
+            "node.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        ],
+    );
+    let template = &find(&docs, "DaemonSet")["spec"]["template"];
+    assert_eq!(template["metadata"]["labels"]["team"], "gpu");
+    assert_eq!(template["metadata"]["annotations"]["owner"], "platform");
+    let terms = &template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "gpu");
+    assert!(template["spec"].get("imagePullSecrets").is_none(), "none unless asked");
+
     // The injected container's resources: drafs's defaults, a CPU limit added.
     let args = webhook_args(&render(cp, &["--set", "injectedResources.limits.cpu=100m"]));
     for arg in ["--cpu-request=10m", "--memory-request=16Mi", "--cpu-limit=100m", "--memory-limit=32Mi"] {

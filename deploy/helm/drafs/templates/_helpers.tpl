@@ -30,7 +30,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The pods' imagePullSecrets, from names or {name: ...}. */}}
 {{- define "drafs.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
 {{- range . }}
 - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
