@@ -202,7 +202,7 @@ pub trait Exposition: Send + Sync {
     /// (status, content type, body) for a GET of `path`.
     fn respond(&self, path: &str) -> (u16, &'static str, String) {
         match path {
-            "/metrics" => (200, prometheus::CONTENT_TYPE, self.text()),
+            "/metrics" => (200, prometheus::CONTENT_TYPE, self.text() + &prometheus::build_info()),
             "/healthz" => (200, "text/plain", "ok\n".into()),
             "/readyz" => match self.unready_reason() {
                 None => (200, "text/plain", "ready\n".into()),
@@ -403,6 +403,11 @@ mod tests {
         assert_eq!(m.respond("/readyz").0, 200);
         assert_eq!(m.respond("/healthz").0, 200);
         assert_eq!(m.respond("/nope").0, 404);
+        // Every endpoint says which drafs answers.
+        let (_, _, body) = m.respond("/metrics");
+        let version = format!("drafs_build_info{{version=\"{}\",revision=\"", env!("CARGO_PKG_VERSION"));
+        assert!(body.contains("# TYPE drafs_build_info gauge\n") && body.contains(&version), "{body}");
+        assert!(body.trim_end().ends_with("\"} 1"), "{body}");
     }
 
     struct Answers;

@@ -74,6 +74,19 @@ impl Text {
     }
 }
 
+/// `drafs_build_info{version,revision} 1`: which drafs answers, for every
+/// metrics endpoint (the webhook, the node agent, a sidecar).
+pub fn build_info() -> String {
+    let mut out = Text::default();
+    let revision = option_env!("DRAFS_REVISION").unwrap_or_default();
+    out.family("drafs_build_info", Kind::Gauge, "1, with the version and the commit drafs was built from.").sample(
+        "drafs_build_info",
+        &[("version", env!("CARGO_PKG_VERSION")), ("revision", revision)],
+        1,
+    );
+    out.into_text()
+}
+
 /// A label value in the exposition format: backslash, quote and newline escaped.
 pub fn escape_label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
