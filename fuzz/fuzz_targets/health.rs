@@ -4,7 +4,7 @@
 //! message is never empty, and attaching again changes nothing.
 #![no_main]
 
-use drafs::model::health::attach;
+use drafs::model::resolve::health::attach;
 use drafs::model::resolve::{ClaimOrigin, ResolvedClaim, ResolvedDevice};
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;

@@ -12,7 +12,7 @@
 
 mod claims;
 mod container;
-mod health;
+pub mod health;
 mod index;
 mod outcome;
 #[cfg(test)]
