@@ -9,8 +9,8 @@
 #![no_main]
 
 use drafs::admission::decision::{self, Verdict};
-use drafs::admission::policy::{self, INJECT_LABEL, OptIn};
 use drafs::admission::inject::{self, Mode, Outcome};
+use drafs::admission::policy::{self, INJECT_LABEL, OptIn};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

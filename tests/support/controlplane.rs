@@ -98,7 +98,11 @@ pub fn cached_build(command: &[&str]) -> Result<PathBuf, String> {
         return Err(format!("{what} failed ({})", out.status));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().map(str::trim).rfind(|l| !l.is_empty()).map(PathBuf::from).ok_or_else(|| format!("{what} printed no directory"))
+    text.lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{what} printed no directory"))
 }
 
 /// Children started here die with the process: they are spawned from a thread

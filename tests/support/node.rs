@@ -170,7 +170,6 @@ fn sweep_stale() {
     }
 }
 
-
 fn images_dir() -> PathBuf {
     std::env::var_os("DRAFS_NODE_CACHE")
         .map(PathBuf::from)
@@ -234,7 +233,7 @@ impl Node {
             work.join("drivers"),
             format!("{GPU_DRIVER}:\n{NIC_DRIVER}:--enable-device-metadata --status-at-prepare\n"),
         )
-            .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?;
         for driver in [GPU_DRIVER, NIC_DRIVER] {
             std::fs::write(work.join(format!("devices-{driver}.json")), devices(driver, "").to_string())
                 .map_err(|e| e.to_string())?;
@@ -545,7 +544,11 @@ impl Node {
             self.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"])
                 .is_some_and(|d| d["status"]["numberReady"] == 1 && d["status"]["updatedNumberScheduled"] == 1)
         });
-        assert!(ds, "the DaemonSet's pod is not ready\n{}", self.kubectl_ok(&["describe", "pods", "-n", "drafs-system"]));
+        assert!(
+            ds,
+            "the DaemonSet's pod is not ready\n{}",
+            self.kubectl_ok(&["describe", "pods", "-n", "drafs-system"])
+        );
         let registered = super::wait_for(Duration::from_secs(30), || self.csi_registered("drafs.dev"));
         assert!(registered, "the kubelet did not register drafs.dev; the agent's log:\n{}", self.chart_agent_log());
     }
@@ -572,7 +575,8 @@ impl Node {
         let claim = self.claim_of(ns, pod, pod_claim);
         let object = self.get_json(&["resourceclaim", "-n", ns, &claim]).expect("the pod's claim exists");
         let result = &object["status"]["allocation"]["devices"]["results"][0];
-        let field = |name: &str| result[name].as_str().unwrap_or_else(|| panic!("{claim}: no {name} in {result}")).to_string();
+        let field =
+            |name: &str| result[name].as_str().unwrap_or_else(|| panic!("{claim}: no {name} in {result}")).to_string();
         AllocatedDevice { driver: field("driver"), pool: field("pool"), device: field("device"), claim }
     }
 
@@ -637,7 +641,8 @@ impl Node {
     /// Restart the node's kubelet (its pods and their volumes stay, as on a
     /// real node) and wait until it is back.
     pub fn restart_kubelet(&self) {
-        let restarts = |work: &Path| std::fs::read_to_string(work.join("kubelet-restarts")).map_or(0, |t| t.lines().count());
+        let restarts =
+            |work: &Path| std::fs::read_to_string(work.join("kubelet-restarts")).map_or(0, |t| t.lines().count());
         let before = restarts(&self.work);
         {
             let mut runner = self.runner.lock().unwrap();
@@ -670,7 +675,10 @@ impl Node {
             .output()
             .unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success() && text.contains("decoded and matched"), "the upstream decoder disagrees:\n{text}");
+        assert!(
+            out.status.success() && text.contains("decoded and matched"),
+            "the upstream decoder disagrees:\n{text}"
+        );
     }
 
     /// The mount table of the node's mount namespace (where the kubelet and the pods' volumes are).
