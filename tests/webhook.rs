@@ -104,14 +104,23 @@ fn rotated_certificates_are_served_without_a_restart_and_broken_ones_are_not() {
     let dir = hook.dir.path();
     // A new CA and certificate, swapped in as a Secret volume update does.
     tls::ca(dir, "ca2").unwrap();
-    tls::serving(dir, "ca2", "next", "IP:127.0.0.1", 3).unwrap();
+    // Valid until 2030-01-01T00:00:00Z, which the expiry gauge must then say.
+    tls::serving_dated(dir, "ca2", "next", "IP:127.0.0.1", 3, Some(("20250101000000Z", "20300101000000Z"))).unwrap();
     let new_ca = dir.join("ca2.crt");
+    let first = sample(&metrics_text(&metrics_addr), "drafs_webhook_cert_expiry_timestamp_seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(
+        first.is_some_and(|at| at > now && at < now + 3.0 * 86400.0),
+        "the first certificate's two days: {first:?}"
+    );
     assert!(request(hook.addr, &new_ca, "GET", "/healthz", b"").is_err(), "the new CA is not trusted yet");
     hook.rotate("..v2", &dir.join("next.crt"), &dir.join("next.key"));
     wait_until("the rotated certificate is served", LIMIT, || {
         request(hook.addr, &new_ca, "GET", "/healthz", b"").is_ok_and(|(s, _)| s == 200)
     });
     assert!(request(hook.addr, &hook.ca(), "GET", "/healthz", b"").is_err(), "the old certificate is gone");
+    let rotated = sample(&metrics_text(&metrics_addr), "drafs_webhook_cert_expiry_timestamp_seconds");
+    assert_eq!(rotated, Some(1_893_456_000.0), "the rotated certificate's notAfter");
 
     // A broken certificate keeps the last good one, with a warning.
     std::fs::write(dir.join("broken.crt"), "not a certificate").unwrap();
@@ -121,6 +130,13 @@ fn rotated_certificates_are_served_without_a_restart_and_broken_ones_are_not() {
     let metrics = metrics_text(&metrics_addr);
     assert!(metrics.contains("drafs_webhook_cert_reloads_total 1\n"), "{metrics}");
     assert!(metrics.contains("drafs_webhook_cert_errors_total 1\n"), "{metrics}");
+    let kept = sample(&metrics, "drafs_webhook_cert_expiry_timestamp_seconds");
+    assert_eq!(kept, Some(1_893_456_000.0), "a refused certificate leaves the served one's expiry: {metrics}");
+}
+
+/// The value of the sample `name` (with no labels) in `metrics`.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 fn metrics_text(addr: &str) -> String {

@@ -202,7 +202,10 @@ impl Webhook {
             .map(|n| ServerName::try_from(n.clone()).map_err(|_| WebhookError::BadName(n.clone())))
             .collect::<Result<_, _>>()?;
         let files = CertFiles { cert: config.cert.clone(), key: config.key.clone(), names };
-        let current = Arc::new(CurrentCert(RwLock::new(files.load(SystemTime::now())?)));
+        let first = files.load(SystemTime::now())?;
+        let metrics = Arc::new(WebhookMetrics::default());
+        metrics.cert_served(&first.cert);
+        let current = Arc::new(CurrentCert(RwLock::new(first)));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -222,7 +225,7 @@ impl Webhook {
                 resources: config.resources.clone(),
             },
             namespace_mode: config.namespace_mode,
-            metrics: Arc::new(WebhookMetrics::default()),
+            metrics,
             slots: Mutex::new(Slots::default()),
             freed: Notify::new(),
             large: Arc::new(Semaphore::new(1)),

@@ -3,9 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use rustls_pki_types::CertificateDer;
+
+use crate::admission::x509::validity;
 use crate::publish::metrics::Exposition;
 use crate::publish::prometheus::{Kind, Text};
 
@@ -19,6 +22,8 @@ pub struct WebhookMetrics {
     cert_reloads: AtomicU64,
     cert_errors: AtomicU64,
     evictions: AtomicU64,
+    /// The served chain's earliest notAfter, in Unix seconds (0: none read).
+    cert_not_after: AtomicI64,
     draining: AtomicBool,
 }
 
@@ -80,6 +85,15 @@ impl WebhookMetrics {
         ] {
             out.single(name, Kind::Counter, help, value.load(Ordering::Relaxed));
         }
+        let not_after = self.cert_not_after.load(Ordering::Relaxed);
+        if not_after > 0 {
+            out.single(
+                "drafs_webhook_cert_expiry_timestamp_seconds",
+                Kind::Gauge,
+                "When the served certificate chain stops being valid (its earliest notAfter), in Unix seconds.",
+                not_after,
+            );
+        }
         out.into_text()
     }
 
@@ -95,6 +109,13 @@ impl WebhookMetrics {
 
     pub(super) fn cert_reloaded(&self) {
         self.cert_reloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The chain now served: when the first of its certificates expires.
+    pub(super) fn cert_served(&self, chain: &[CertificateDer]) {
+        if let Some(at) = chain.iter().filter_map(|c| validity(c)).map(|(_, not_after)| not_after).min() {
+            self.cert_not_after.store(at, Ordering::Relaxed);
+        }
     }
 
     /// Changed certificate files that could not be used.

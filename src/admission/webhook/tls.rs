@@ -129,6 +129,7 @@ pub(super) async fn follow_certs(files: CertFiles, current: Arc<CurrentCert>, me
         last = now;
         match files.load(SystemTime::now()) {
             Ok(cert) => {
+                metrics.cert_served(&cert.cert);
                 if let Ok(mut c) = current.0.write() {
                     *c = cert;
                 }
