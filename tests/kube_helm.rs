@@ -14,22 +14,7 @@ use support::*;
 
 const CHART: &str = "deploy/helm/drafs";
 
-fn helm_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = helm::run(cp, args);
-    assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
-    stdout(&out)
-}
-
-/// `helm template drafs CHART -n drafs-system ARGS`, as documents.
-fn render(cp: &ControlPlane, args: &[&str]) -> Vec<Value> {
-    let mut all = vec!["template", "drafs", CHART, "--namespace", "drafs-system"];
-    all.extend_from_slice(args);
-    yaml_docs(&helm_ok(cp, &all)).into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:?}"))
-}
+use support::helm::{find, ok as helm_ok, template as render};
 
 fn kinds_and_names(docs: &[Value]) -> BTreeSet<(String, String)> {
     docs.iter()

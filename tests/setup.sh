@@ -10,7 +10,8 @@
 #   - the Kubernetes components, etcd, containerd, helm and the DRA test
 #     driver, built from one Go module into a cache outside the checkout
 #     (tests/go/build.sh), then cosign and an OCI registry for the release's
-#     tests (tests/go/build.sh release); kube-apiserver v1.34, for the kube
+#     tests (tests/go/build.sh release) and Prometheus's parsers for the
+#     chart's alerts (tests/go/build.sh prom); kube-apiserver v1.34, for the kube
 #     tier's second run in CI, is built by .ci/run (or on first use);
 #   - the images the real node's pods run (tests/node/images.sh).
 # Each step is skipped when already done, so a second run costs seconds.
@@ -51,7 +52,7 @@ go_out=$(mktemp)
 trap 'rm -f "$go_out"' EXIT
 # Then cosign and the registry the release's tests run (tests/release.sh,
 # tests/kube_release.rs).
-{ tests/go/build.sh >"$go_out" && tests/go/build.sh release >/dev/null; } &
+{ tests/go/build.sh >"$go_out" && tests/go/build.sh release >/dev/null && tests/go/build.sh prom >/dev/null; } &
 go_build=$!
 cargo build --all-targets
 # The shipped image (tests/node/images.sh below finds it built).

@@ -15,6 +15,9 @@
 #                             registry (CNCF Distribution, cmd/registry here:
 #                             release/go.mod), for signing and verifying the
 #                             release (tests/release.sh, the release workflow)
+#   tests/go/build.sh prom    promcheck (prom/): Prometheus's own parsers of the
+#                             text format and of PromQL, for the chart's alerts
+#                             and dashboard (tests/kube_monitoring.rs)
 #
 # One `go build` builds the first set, so the packages they share (k8s.io/api,
 # client-go, grpc, protobuf, otel...) compile once.
@@ -35,13 +38,14 @@ case "${1:-}" in
         containerd ctr containerd-shim-runc-v2 pause helm metadata.test) ;;
 v1.34) name=v1.34 module="$here/v1.34" takes="6-7 minutes" bins=(kube-apiserver) ;;
 release) name=release module="$here/release" takes="5-12 minutes" bins=(cosign registry) ;;
-*) echo "usage: tests/go/build.sh [v1.34|release]" >&2; exit 2 ;;
+prom) name=prom module="$here/prom" takes="1-2 minutes" bins=(promcheck) ;;
+*) echo "usage: tests/go/build.sh [v1.34|release|prom]" >&2; exit 2 ;;
 esac
 cd "$module"
 
 command -v go >/dev/null || { echo "build.sh: go is not installed (the kube and real-node tiers need Go 1.26+)" >&2; exit 1; }
 
-sources=$(find . \( -path ./v1.34 -o -path ./release \) -prune -o -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print | sort)
+sources=$(find . \( -path ./v1.34 -o -path ./release -o -path ./prom \) -prune -o -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print | sort)
 # shellcheck disable=SC2086 # the file names have no spaces
 key=$(cat $sources "$script" | cat - <(go version) | sha256sum | cut -c1-16)
 root="${DRAFS_GO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/drafs-go}"
@@ -73,6 +77,9 @@ release)
     cosign=$(go list -m -f '{{.Version}}' github.com/sigstore/cosign/v3)
     go build -ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$cosign" -o "$tmp/" \
         github.com/sigstore/cosign/v3/cmd/cosign ./cmd/registry
+    ;;
+prom)
+    go build -ldflags "-s -w" -o "$tmp/promcheck" .
     ;;
 v1.34|tests)
     # Built from modules, the Kubernetes binaries would report

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use serde_json::Value;
+
 use super::controlplane::ControlPlane;
 
 /// `helm` (built once with the other Go programs, cached outside the checkout).
@@ -34,4 +36,23 @@ pub fn run(cp: &ControlPlane, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("helm runs")
+}
+
+/// [`run`], which must succeed; its standard output.
+pub fn ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = run(cp, args);
+    assert!(out.status.success(), "helm {args:?}: {}", super::stderr(&out));
+    super::stdout(&out)
+}
+
+/// `helm template drafs deploy/helm/drafs --namespace drafs-system ARGS`, as documents.
+pub fn template(cp: &ControlPlane, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["template", "drafs", "deploy/helm/drafs", "--namespace", "drafs-system"];
+    all.extend_from_slice(args);
+    super::yaml_docs(&ok(cp, &all)).into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// The first of `docs` of kind `kind`.
+pub fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:?}"))
 }
