@@ -202,7 +202,9 @@ pub trait Exposition: Send + Sync {
     /// (status, content type, body) for a GET of `path`.
     fn respond(&self, path: &str) -> (u16, &'static str, String) {
         match path {
-            "/metrics" => (200, prometheus::CONTENT_TYPE, self.text() + &prometheus::build_info()),
+            "/metrics" => {
+                (200, prometheus::CONTENT_TYPE, self.text() + &prometheus::build_info() + &super::process::exposition())
+            }
             "/healthz" => (200, "text/plain", "ok\n".into()),
             "/readyz" => match self.unready_reason() {
                 None => (200, "text/plain", "ready\n".into()),

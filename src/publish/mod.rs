@@ -21,6 +21,7 @@ pub mod fuse;
 pub mod metadata_dir;
 pub mod metrics;
 pub mod outputs;
+pub mod process;
 pub mod prometheus;
 pub mod slots;
 pub mod supervisor;
