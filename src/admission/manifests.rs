@@ -68,6 +68,73 @@ pub fn rbac(namespace: &str, service_account: &str, events: bool) -> Vec<Value> 
     docs
 }
 
+/// The name of the shared ClusterRole a tenant namespace binds (the chart's
+/// `tenants.roles` for a release named `drafs`, `--shared-roles`).
+pub const TENANT_CLUSTER_ROLE: &str = "drafs-tenant";
+
+/// Who reads ResourceSlices with the shared roles (the chart's `tenants.resourceSlices`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlicesReaders {
+    /// Every service account of the cluster (the group `system:serviceaccounts`):
+    /// a namespace onboards with its RoleBinding alone.
+    AllServiceAccounts,
+    /// The service accounts of these namespaces only (`system:serviceaccounts:<ns>`).
+    Namespaces(Vec<String>),
+}
+
+/// The cluster-scoped objects every tenant namespace shares, named from
+/// `prefix` (the chart's full name): `<prefix>-tenant`, a ClusterRole with the
+/// rules of [`rbac`]'s Role and its events Role, which a RoleBinding grants in
+/// its own namespace only; `<prefix>-resourceslices`, list and watch of the
+/// cluster-scoped slices, and one ClusterRoleBinding of it to `readers`.
+pub fn shared_roles(prefix: &str, readers: &SlicesReaders) -> Vec<Value> {
+    let rules: Vec<Value> = rbac("placeholder", DEFAULT_ACCOUNT, true)
+        .iter()
+        .filter(|d| d["kind"] == "Role")
+        .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let slices = format!("{prefix}-resourceslices");
+    let subjects: Vec<Value> = match readers {
+        SlicesReaders::AllServiceAccounts => vec!["system:serviceaccounts".to_string()],
+        SlicesReaders::Namespaces(names) => names.iter().map(|ns| format!("system:serviceaccounts:{ns}")).collect(),
+    }
+    .into_iter()
+    .map(|group| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": group}))
+    .collect();
+    let slice_rules = rbac("placeholder", DEFAULT_ACCOUNT, false)
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .map(|d| d["rules"].clone())
+        .unwrap_or_default();
+    let mut docs = vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": format!("{prefix}-tenant")}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": slices}, "rules": slice_rules}),
+    ];
+    if !subjects.is_empty() {
+        docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": slices},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": slices},
+            "subjects": subjects}));
+    }
+    docs
+}
+
+/// A tenant namespace onboarded onto the shared roles: drafs's own
+/// ServiceAccount when it is the one bound, and one RoleBinding of
+/// `cluster_role` (granted in `namespace` only). Nothing cluster-scoped.
+pub fn tenant_binding(namespace: &str, service_account: &str, cluster_role: &str) -> Vec<Value> {
+    let (name, _, _) = names(namespace, service_account);
+    let mut docs: Vec<Value> =
+        rbac(namespace, service_account, false).into_iter().filter(|d| d["kind"] == "ServiceAccount").collect();
+    docs.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]}));
+    docs
+}
+
 /// One permission drafs needs, as a SubjectAccessReview asks about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -203,6 +270,39 @@ mod tests {
                 "create events in ml (optional)",
             ]
         );
+    }
+
+    #[test]
+    fn the_shared_roles_grant_what_the_namespaced_objects_grant() {
+        let shared = shared_roles("drafs", &SlicesReaders::AllServiceAccounts);
+        let rules = |docs: &[Value], kind: &str| -> Vec<Value> {
+            docs.iter().filter(|d| d["kind"] == kind).flat_map(|d| d["rules"].as_array().cloned().unwrap()).collect()
+        };
+        let own = rbac("ml", "drafs", true);
+        let names: Vec<&str> = shared.iter().map(|d| d["metadata"]["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["drafs-tenant", "drafs-resourceslices", "drafs-resourceslices"]);
+        assert_eq!(rules(&shared[..1], "ClusterRole"), rules(&own, "Role"), "pods, claims and events");
+        assert_eq!(rules(&shared[1..], "ClusterRole"), rules(&own, "ClusterRole"), "slices");
+        assert_eq!(
+            shared[2]["subjects"],
+            json!([{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:serviceaccounts"}])
+        );
+        let listed = shared_roles("x", &SlicesReaders::Namespaces(vec!["ml".into(), "hpc".into()]));
+        let groups: Vec<&str> =
+            listed[2]["subjects"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+        assert_eq!(groups, ["system:serviceaccounts:ml", "system:serviceaccounts:hpc"]);
+        assert_eq!(shared_roles("x", &SlicesReaders::Namespaces(vec![])).len(), 2, "no binding to nobody");
+
+        // A namespace onboards with one namespaced RoleBinding (and drafs's account).
+        let binding = tenant_binding("ml", "drafs", TENANT_CLUSTER_ROLE);
+        let kinds: Vec<&str> = binding.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["ServiceAccount", "RoleBinding"]);
+        assert!(binding.iter().all(|d| d["metadata"]["namespace"] == "ml"));
+        assert_eq!(binding[1]["roleRef"]["name"], "drafs-tenant");
+        let theirs = tenant_binding("ml", "trainer", "drafs-tenant");
+        assert_eq!(theirs.len(), 1, "the user's account is theirs");
+        assert_eq!(theirs[0]["metadata"]["name"], "drafs:trainer");
+        assert_eq!(theirs[0]["subjects"][0]["name"], "trainer");
     }
 
     #[test]

@@ -426,21 +426,34 @@ pub struct ExecArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ManifestsCommand {
-    /// The least-privilege RBAC for drafs in one namespace (installing it for several never collides).
+    /// The least-privilege RBAC for drafs in one namespace (installing it for several never collides),
+    /// or one RoleBinding of the shared role the chart installs (--cluster-role).
     Rbac(RbacArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct RbacArgs {
     /// The namespace of the pods that run drafs.
-    #[arg(long, short = 'n', value_parser = parse_namespace)]
-    pub namespace: String,
+    #[arg(long, short = 'n', value_parser = parse_namespace, required_unless_present = "shared_roles")]
+    pub namespace: Option<String>,
     /// The service account the pods run drafs as.
     #[arg(long, default_value = manifests::DEFAULT_ACCOUNT, value_parser = parse_namespace)]
     pub service_account: String,
     /// Also let drafs record Events on its pod (create events), for `kubectl describe pod`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster_role")]
     pub events: bool,
+    /// Only a RoleBinding of this shared ClusterRole (the chart's `tenants.roles`, or --shared-roles;
+    /// it includes create events), and no cluster-scoped object for the namespace.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = manifests::TENANT_CLUSTER_ROLE)]
+    pub cluster_role: Option<String>,
+    /// The cluster-scoped objects every namespace shares, as the chart makes them: the ClusterRoles
+    /// drafs-tenant and drafs-resourceslices, and a binding of the latter to every service account
+    /// (or to those of --slices-for).
+    #[arg(long, conflicts_with_all = ["namespace", "service_account", "events", "cluster_role"])]
+    pub shared_roles: bool,
+    /// With --shared-roles: only these namespaces' service accounts read ResourceSlices.
+    #[arg(long, value_name = "NS", value_delimiter = ',', value_parser = parse_namespace, conflicts_with = "namespace")]
+    pub slices_for: Vec<String>,
 }
 
 /// A DNS label, as namespace and service account names are.
