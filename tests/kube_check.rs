@@ -760,3 +760,50 @@ fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_account
         "{driver:#}"
     );
 }
+
+/// After an upgrade, pods keep the drafs they were admitted with:
+/// `--installation` names those whose drafs is not the image the webhook
+/// injects now, with the command that rolls each one's workload.
+#[test]
+fn check_installation_names_pods_running_another_drafs_and_how_to_roll_them() {
+    let Some(cp) = controlplane::private() else { return };
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "drafs-system"}}));
+    let values = "image.repository=registry.example/drafs,image.tag=0.2.0";
+    let out = helm::run(&cp, &["install", "drafs", "deploy/helm/drafs", "-n", "drafs-system", "--set", values]);
+    assert!(out.status.success(), "helm install: {}", stderr(&out));
+    namespace(&cp, "apps", json!({}));
+    // A pod of a Deployment's ReplicaSet and a bare pod, each with a drafs
+    // init container of `image`, as the webhook of that release made them.
+    let with_drafs = |name: &str, image: &str, replica_set: Option<&str>| {
+        let mut p = pod("apps", name, json!({}));
+        p["spec"]["initContainers"] = json!([{"name": "drafs", "image": image, "args": ["init"]}]);
+        if let Some(rs) = replica_set {
+            p["metadata"]["labels"] = json!({"pod-template-hash": "5d8f9c"});
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": format!("{rs}-5d8f9c"), "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]);
+        }
+        cp.create(&p);
+    };
+    let versions = |cp: &ControlPlane| named(&check_json(cp, &["--installation"]).1, "versions").clone();
+    let check = versions(&cp);
+    assert_eq!(check["status"], "ok", "{check:#}");
+    assert!(check["message"].as_str().unwrap().starts_with("no pod runs an injected drafs yet"), "{check:#}");
+
+    with_drafs("trainer-5d8f9c-abcde", "registry.example/drafs:0.1.0", Some("trainer"));
+    with_drafs("scratch", "registry.example/drafs:0.1.0", None);
+    with_drafs("fresh", "registry.example/drafs:0.2.0", None);
+    let check = versions(&cp);
+    assert_eq!(check["status"], "warn", "{check:#}");
+    let message = check["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("2 of 3 pods with drafs run another drafs than the installed registry.example/drafs:0.2.0"),
+        "{check:#}"
+    );
+    assert!(message.contains("apps/scratch (registry.example/drafs:0.1.0)"), "{check:#}");
+    assert_eq!(
+        check["fix"], "kubectl delete pod scratch -n apps; kubectl rollout restart deployment/trainer -n apps",
+        "{check:#}"
+    );
+    let text = stdout(&check_as(&cp.dir().join("admin.kubeconfig"), &["--installation"]));
+    assert!(text.contains("warn  versions"), "{text}");
+}

@@ -17,10 +17,12 @@ mod installation;
 mod node;
 mod pod;
 mod rbac;
+mod versions;
 mod webhook;
 
 pub use configuration::{
-    ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_namespace_mode,
+    ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_image,
+    webhook_namespace_mode,
 };
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
 pub use installation::{
@@ -29,6 +31,7 @@ pub use installation::{
 pub use node::node_agent;
 pub use pod::{drafs_container, pod_status};
 pub use rbac::rbac;
+pub use versions::{StalePod, injected_image, stale, versions};
 pub use webhook::{EXPIRY_WARNING_DAYS, Probe, Reach, verify, webhook};
 
 /// How one check came out.

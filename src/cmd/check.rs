@@ -314,9 +314,11 @@ async fn installation(client: &Client, c: &Config) -> Report {
     // The CSIDriver, and the driver the webhook's volumes name.
     let (configurations, _) = configurations(client, c).await;
     let entries = check::drafs_entries(&configurations);
-    let webhook_driver = match webhook_deployments(client, c.timeout, &entries).await {
-        Some((deployments, selector)) => check::webhook_csi_driver(&deployments, &selector),
-        None => None,
+    let (webhook_driver, installed_image) = match webhook_deployments(client, c.timeout, &entries).await {
+        Some((deployments, selector)) => {
+            (check::webhook_csi_driver(&deployments, &selector), check::webhook_image(&deployments, &selector))
+        }
+        None => (None, None),
     };
     let driver = match bounded(c.timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
         Ok(driver) => {
@@ -338,9 +340,13 @@ async fn installation(client: &Client, c: &Config) -> Report {
         }
     }
 
-    // The RBAC of the accounts whose pods use the volume (the agent reads as each pod).
-    match volume_accounts(client, c.timeout, name).await {
-        Ok(accounts) => {
+    // The RBAC of the accounts whose pods use the volume (the agent reads as each pod),
+    // and the pods whose drafs is not the one the webhook injects now.
+    match scan_pods(client, c.timeout, name, installed_image.as_deref()).await {
+        Ok(PodScan { accounts, current, stale }) => {
+            if let Some(installed) = &installed_image {
+                checks.push(check::versions(installed, current, &stale));
+            }
             let asked = futures::stream::iter(accounts)
                 .map(|(ns, account)| async move {
                     let access = access(client, c.timeout, &ns, &account, Reader::NodeVolume).await;
@@ -453,17 +459,38 @@ fn agent_pod(pod: &Pod, owner: &str) -> Option<check::AgentPod> {
 
 /// The (namespace, service account) of every pod with a `driver` volume,
 /// read a page at a time (only the accounts are kept).
-async fn volume_accounts(
+/// What one pass over the cluster's pods found.
+#[derive(Default)]
+struct PodScan {
+    /// The (namespace, account) of every pod with a volume of the driver.
+    accounts: std::collections::BTreeSet<(String, String)>,
+    /// Pods whose injected drafs is the installed image.
+    current: usize,
+    /// Pods whose injected drafs is another.
+    stale: Vec<check::StalePod>,
+}
+
+/// Every pod, a page at a time: the accounts of those using the volume of
+/// `driver`, and how many run the `installed` drafs and which do not.
+async fn scan_pods(
     client: &Client,
     limit: Duration,
     driver: &str,
-) -> Result<std::collections::BTreeSet<(String, String)>, CallError> {
+    installed: Option<&str>,
+) -> Result<PodScan, CallError> {
     let api = Api::<Pod>::all(client.clone());
-    let mut accounts = std::collections::BTreeSet::new();
+    let mut scan = PodScan::default();
     let mut params = ListParams::default().limit(POD_PAGE);
     loop {
         let page = bounded(limit, api.list(&params)).await?;
         for pod in &page.items {
+            if let Some(installed) = installed {
+                match check::stale(pod, installed) {
+                    Some(stale) => scan.stale.push(stale),
+                    None => scan.current += usize::from(check::injected_image(pod).is_some()),
+                }
+            }
+            let accounts = &mut scan.accounts;
             let Some(spec) = &pod.spec else { continue };
             let uses = spec.volumes.iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver));
             if uses {
@@ -476,7 +503,7 @@ async fn volume_accounts(
         }
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(accounts),
+            None => return Ok(scan),
         }
     }
 }

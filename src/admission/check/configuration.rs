@@ -150,6 +150,12 @@ pub fn webhook_csi_driver(deployments: &[Deployment], service_selector: &BTreeMa
     )
 }
 
+/// The drafs image the webhook injects (`--image`, `DRAFS_IMAGE`), from the
+/// Deployment the Service selects.
+pub fn webhook_image(deployments: &[Deployment], service_selector: &BTreeMap<String, String>) -> Option<String> {
+    setting(webhook_container(deployments, service_selector)?, "--image", "DRAFS_IMAGE")
+}
+
 /// The container running `drafs webhook` in the Deployment the Service selects.
 fn webhook_container<'a>(
     deployments: &'a [Deployment],
