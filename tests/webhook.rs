@@ -462,8 +462,10 @@ fn the_shipped_manifests_fit_the_drain_the_names_and_the_ports() {
         service["metadata"]["namespace"].as_str().unwrap()
     );
     assert_eq!(arg("--dns-name="), Some(host.as_str()));
-    let certificate =
-        yaml_docs(&read("deploy/webhook/certificate.yaml")).into_iter().find(|d| d["kind"] == "Certificate").unwrap();
+    let certificate = yaml_docs(&read("deploy/webhook/certificate.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Certificate" && d["metadata"]["name"] == "drafs-webhook")
+        .unwrap();
     assert!(certificate["spec"]["dnsNames"].as_array().unwrap().contains(&json!(host)));
     assert!(read("deploy/webhook/manual/certs.sh").contains(&format!("service={host}\n")));
     let drain = drafs::cmd::cli::parse_duration(arg("--drain=").unwrap()).unwrap();
