@@ -164,6 +164,10 @@ pub struct Options {
     pub csi_driver: String,
     /// The drafs container's requests and limits.
     pub resources: Resources,
+    /// The platform assigns the container's uid (OpenShift's restricted-v2
+    /// gives each namespace a range and refuses any other): no runAsUser or
+    /// runAsGroup, runAsNonRoot kept.
+    pub platform_uid: bool,
 }
 
 impl Options {
@@ -179,6 +183,7 @@ impl Options {
             ready_when_healthy: false,
             csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into(),
             resources: Resources::default(),
+            platform_uid: false,
         }
     }
 }
@@ -259,8 +264,9 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
         readiness["exec"]["command"].as_array_mut().into_iter().for_each(|c| c.push(json!("--healthy")));
     }
     // The restricted Pod Security Standard, and the image's own user (65532)
-    // said explicitly, whatever the pod sets for its other containers.
-    let restricted = json!({
+    // said explicitly, whatever the pod sets for its other containers
+    // (unless the platform assigns it).
+    let mut restricted = json!({
         "allowPrivilegeEscalation": false,
         "readOnlyRootFilesystem": true,
         "capabilities": {"drop": ["ALL"]},
@@ -269,6 +275,10 @@ fn drafs_container(opts: &Options, volumes: &Volumes) -> Value {
         "runAsGroup": NON_ROOT_ID,
         "seccompProfile": {"type": "RuntimeDefault"},
     });
+    if let Some(sc) = restricted.as_object_mut().filter(|_| opts.platform_uid) {
+        sc.remove("runAsUser");
+        sc.remove("runAsGroup");
+    }
     let resources = opts.resources.to_json();
     let mut mounts = vec![json!({"name": volumes.tree, "mountPath": dir})];
     let mut c = json!({
@@ -785,6 +795,20 @@ spec:
                 }),
                 "{mode:?}"
             );
+        }
+    }
+
+    #[test]
+    fn where_the_platform_assigns_the_uid_none_is_pinned() {
+        for mode in [Mode::Init, Mode::SidecarFiles] {
+            let mut o = opts(mode);
+            o.platform_uid = true;
+            let (out, _) = inject(DEPLOYMENT, &o).unwrap();
+            let doc: Value = serde_saphyr::from_str(&out).unwrap();
+            let sc = &drafs_of(&doc)["securityContext"];
+            assert_eq!(sc["runAsNonRoot"], true, "{mode:?}");
+            assert!(sc.get("runAsUser").is_none() && sc.get("runAsGroup").is_none(), "{mode:?}: {sc}");
+            assert_eq!(sc["capabilities"], json!({"drop": ["ALL"]}), "{mode:?}");
         }
     }
 

@@ -94,6 +94,8 @@ pub struct Defaults {
     pub csi_driver: String,
     /// The drafs container's requests and limits, unless a pod's annotation says otherwise.
     pub resources: Resources,
+    /// The platform assigns the drafs container's uid ([`Options::platform_uid`]).
+    pub platform_uid: bool,
 }
 
 impl Defaults {
@@ -103,6 +105,7 @@ impl Defaults {
             image: image.into(),
             csi_driver: crate::model::names::DEFAULT_CSI_DRIVER.into(),
             resources: Resources::default(),
+            platform_uid: false,
         }
     }
 }
@@ -121,6 +124,7 @@ pub(crate) fn options(pod: &Value, mode: Mode, defaults: &Defaults) -> Result<Op
     let mut opts = Options::new(mode, defaults.image.clone());
     opts.csi_driver = defaults.csi_driver.clone();
     opts.resources = defaults.resources.clone();
+    opts.platform_uid = defaults.platform_uid;
     if let Some(text) = annotation(RESOURCES_ANNOTATION) {
         opts.resources = defaults
             .resources

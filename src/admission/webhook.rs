@@ -84,6 +84,8 @@ pub struct Config {
     pub csi_driver: String,
     /// The injected container's requests and limits, unless a pod's annotation says otherwise.
     pub resources: Resources,
+    /// The platform assigns the injected container's uid (`--platform-uid`).
+    pub platform_uid: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -223,6 +225,7 @@ impl Webhook {
                 image: config.image.clone(),
                 csi_driver: config.csi_driver.clone(),
                 resources: config.resources.clone(),
+                platform_uid: config.platform_uid,
             },
             namespace_mode: config.namespace_mode,
             metrics,

@@ -347,6 +347,9 @@ pub struct WebhookArgs {
     /// The injected container's requests and limits (a pod's drafs.dev/resources annotation goes over them).
     #[command(flatten)]
     pub resources: ResourcesArgs,
+    /// The platform assigns the injected container's uid (OpenShift's restricted-v2): no runAsUser or runAsGroup.
+    #[arg(long, env = "DRAFS_PLATFORM_UID")]
+    pub platform_uid: bool,
 }
 
 #[derive(Debug, Args)]
@@ -388,6 +391,9 @@ pub struct InjectArgs {
     pub csi: CsiDriverArgs,
     #[command(flatten)]
     pub resources: ResourcesArgs,
+    /// The platform assigns the drafs container's uid (OpenShift's restricted-v2): no runAsUser or runAsGroup.
+    #[arg(long)]
+    pub platform_uid: bool,
 }
 
 /// An image reference: not empty, no spaces or control characters.

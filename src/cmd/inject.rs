@@ -26,6 +26,7 @@ impl Config {
         options.timeout = args.timeout;
         options.csi_driver = args.csi.csi_driver.clone();
         options.resources = args.resources.resources().map_err(Failure::Usage)?;
+        options.platform_uid = args.platform_uid;
         if args.ready_when_healthy && inject::Mode::from(args.mode) == inject::Mode::Init {
             return Err(Failure::Usage(
                 "--ready-when-healthy needs a sidecar mode (an init container has no readiness)".into(),

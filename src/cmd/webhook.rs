@@ -19,6 +19,7 @@ pub fn config(args: &WebhookArgs) -> Result<Config, Failure> {
         namespace_mode: args.namespace_mode.into(),
         csi_driver: args.csi.csi_driver.clone(),
         resources: args.resources.resources().map_err(Failure::Usage)?,
+        platform_uid: args.platform_uid,
     })
 }
 

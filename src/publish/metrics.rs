@@ -409,7 +409,9 @@ mod tests {
         let (_, _, body) = m.respond("/metrics");
         let version = format!("drafs_build_info{{version=\"{}\",revision=\"", env!("CARGO_PKG_VERSION"));
         assert!(body.contains("# TYPE drafs_build_info gauge\n") && body.contains(&version), "{body}");
-        assert!(body.trim_end().ends_with("\"} 1"), "{body}");
+        assert!(body.lines().any(|l| l.starts_with("drafs_build_info{") && l.ends_with("\"} 1")), "{body}");
+        // And the process's own figures, under the names every Prometheus client uses.
+        assert!(body.contains("# TYPE process_open_fds gauge\n"), "{body}");
     }
 
     struct Answers;

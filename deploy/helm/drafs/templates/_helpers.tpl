@@ -126,3 +126,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $host := toString .Values.node.metricsBindAddress -}}
 {{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
 {{- end -}}
+
+{{/* "true" on OpenShift: openshift true, or auto where the cluster serves security.openshift.io/v1. */}}
+{{- define "drafs.openshift" -}}
+{{- $o := .Values.openshift -}}
+{{- if or (eq (toString $o) "true") (and (eq (toString $o) "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}true{{- end -}}
+{{- end -}}
