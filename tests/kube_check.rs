@@ -701,7 +701,9 @@ fn check_installation_names_nodes_without_an_agent_a_misnamed_driver_and_account
     assert_eq!(named(&report, "agents")["status"], "ok", "{report:#}");
     let rbac = named(&report, "volume-rbac");
     assert_eq!(rbac["status"], "fail", "{rbac:#}");
-    assert_eq!(rbac["fix"], "drafs manifests rbac -n apps --service-account default | kubectl apply -f -", "{rbac:#}");
+    // The chart installed the shared roles: one RoleBinding of drafs-tenant grants it.
+    let fix = "drafs manifests rbac -n apps --service-account default --cluster-role drafs-tenant | kubectl apply -f -";
+    assert_eq!(rbac["fix"], fix, "{rbac:#}");
     // 20 accounts of a namespace that sorts first, their pods using the
     // volume with drafs's RBAC: the failing account is still asked about.
     namespace(&cp, "aaa", json!({}));

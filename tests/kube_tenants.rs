@@ -108,6 +108,20 @@ fn a_namespace_admin_onboards_with_one_rolebinding_and_drafs_reads_as_the_pod() 
     cp.kubeconfig(&admin, &cp.token(&ns, "ns-admin", None), &ns);
     let before = cluster_scoped(&cp);
 
+    // `drafs check` names the shared role in its fix, since the cluster has it.
+    let check = Command::new(drafs_bin())
+        .args(["check", "-o", "json", "-n", &ns])
+        .env("KUBECONFIG", cp.dir().join("admin.kubeconfig"))
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_str(&stdout(&check)).unwrap_or_else(|e| panic!("{e}: {}", stderr(&check)));
+    let rbac = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "rbac").unwrap();
+    assert_eq!(rbac["status"], "fail", "{rbac:#}");
+    let fix = format!(
+        "drafs manifests rbac -n {ns} --service-account drafs --cluster-role drafs-tenant | kubectl apply -f -"
+    );
+    assert_eq!(rbac["fix"], fix.as_str(), "{rbac:#}");
+
     // It onboards the namespace with what drafs prints: the account and one RoleBinding.
     let onboarding = drafs(&["manifests", "rbac", "--namespace", &ns, "--cluster-role"]);
     let kinds: Vec<String> = yaml_docs(&onboarding).iter().map(|d| d["kind"].as_str().unwrap().to_string()).collect();
@@ -115,6 +129,14 @@ fn a_namespace_admin_onboards_with_one_rolebinding_and_drafs_reads_as_the_pod() 
     let applied = apply_as(&admin, &onboarding);
     assert!(applied.status.success(), "the namespace's admin may not onboard it: {}", stderr(&applied));
     assert_eq!(cluster_scoped(&cp), before, "a cluster-scoped object for one namespace");
+    let check = Command::new(drafs_bin())
+        .args(["check", "-o", "json", "-n", &ns])
+        .env("KUBECONFIG", cp.dir().join("admin.kubeconfig"))
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_str(&stdout(&check)).unwrap();
+    let rbac = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "rbac").unwrap();
+    assert_eq!(rbac["status"], "ok", "the shared role grants all drafs needs, events included: {rbac:#}");
 
     // drafs, as the pod with its account's real token, reads the pod, its claims and the slices.
     sc.create_all_after_rbac();

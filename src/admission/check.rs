@@ -237,6 +237,7 @@ pub(crate) mod tests {
             "ml",
             "drafs",
             Ok(vec![(crate::admission::manifests::grants("ml", "drafs")[0].clone(), false)]),
+            None,
         ));
         assert_eq!(report.failed(), 1);
         let text = report.to_text();

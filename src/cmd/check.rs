@@ -127,7 +127,8 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
     let served_by_node = pod.as_ref().is_some_and(|p| inject::csi_volume_of(&p["spec"], &c.csi_driver).is_some());
     let reader = if served_by_node { Reader::NodeVolume } else { Reader::Pod };
     let answers = access(client, c.timeout, namespace, &account, reader).await;
-    checks.push(check::rbac(namespace, &account, answers));
+    let shared = shared_role(client, c.timeout).await;
+    checks.push(check::rbac(namespace, &account, answers, shared.as_deref()));
     checks.extend(webhooks(client, c, &entries).await);
     if let Some(pod) = &pod {
         // A pod served by drafs node: its CSIDriver and its node's registration.
@@ -300,6 +301,15 @@ async fn webhook_deployments(
     Some((deployments.items, selector))
 }
 
+/// The chart's tenant ClusterRole (`tenants.roles`), when the cluster has it
+/// and it may be read: the fixes then bind it rather than print a namespace's own roles.
+async fn shared_role(client: &Client, limit: Duration) -> Option<String> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let name = manifests::TENANT_CLUSTER_ROLE;
+    let found = bounded(limit, Api::<ClusterRole>::all(client.clone()).get_opt(name)).await.ok().flatten();
+    found.map(|_| name.to_string())
+}
+
 /// Pods read per page when looking for the volume's users.
 const POD_PAGE: u32 = 500;
 /// Service accounts asked about at once (every one is asked about).
@@ -354,7 +364,8 @@ async fn installation(client: &Client, c: &Config) -> Report {
                 })
                 .buffered(ACCOUNTS_AT_ONCE);
             let answers: Vec<check::AccountAccess> = asked.collect().await;
-            checks.push(check::volume_rbac(name, &answers));
+            let shared = shared_role(client, c.timeout).await;
+            checks.push(check::volume_rbac(name, &answers, shared.as_deref()));
         }
         Err(e) => checks.push(failed("volume-rbac", format!("cannot list the pods: {e}"))),
     }

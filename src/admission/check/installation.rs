@@ -225,7 +225,7 @@ pub type AccountAccess = ((String, String), Result<Vec<(Grant, bool)>, String>);
 /// the agent reads as each pod (`manifests::Reader::NodeVolume`: the pod and
 /// its claims, not the slices, which the agent reads as itself). Every
 /// account is asked about: none is left out for a tenant's many others.
-pub fn volume_rbac(name: &str, accounts: &[AccountAccess]) -> Check {
+pub fn volume_rbac(name: &str, accounts: &[AccountAccess], shared_role: Option<&str>) -> Check {
     let mut lacking = Vec::new();
     let mut unknown = Vec::new();
     for ((ns, account), answers) in accounts {
@@ -253,7 +253,7 @@ pub fn volume_rbac(name: &str, accounts: &[AccountAccess]) -> Check {
             format!("pods using the {name} volume run as accounts without drafs's RBAC: {}", which.join("; ")),
             details,
         )
-        .with_fix(format!("drafs manifests rbac -n {ns} --service-account {account} | kubectl apply -f -"));
+        .with_fix(format!("{} | kubectl apply -f -", super::rbac::grant_command(ns, account, shared_role)));
     }
     if !unknown.is_empty() {
         return Check::new(
@@ -360,16 +360,16 @@ mod tests {
         let grants = grants_for("ml", "trainer", Reader::NodeVolume);
         let all = |except: &str| grants.iter().map(|g| (g.clone(), g.to_string() != except)).collect::<Vec<_>>();
         let ok: AccountAccess = (("ml".into(), "trainer".into()), Ok(all("")));
-        assert_eq!(volume_rbac("drafs.dev", std::slice::from_ref(&ok)).status, Status::Ok);
-        assert_eq!(volume_rbac("drafs.dev", &[]).status, Status::Ok);
+        assert_eq!(volume_rbac("drafs.dev", std::slice::from_ref(&ok), None).status, Status::Ok);
+        assert_eq!(volume_rbac("drafs.dev", &[], None).status, Status::Ok);
         assert!(grants.iter().all(|g| g.resource != "resourceslices"), "the agent reads the slices: {grants:?}");
         let missing = grants.iter().find(|g| !g.optional).unwrap().to_string();
         let lacking: AccountAccess = (("web".into(), "default".into()), Ok(all(&missing)));
-        let c = volume_rbac("drafs.dev", &[ok.clone(), lacking]);
+        let c = volume_rbac("drafs.dev", &[ok.clone(), lacking], None);
         assert_eq!(c.status, Status::Fail);
         assert!(c.message.contains(&format!("web/default may not {missing}")), "{}", c.message);
         assert_eq!(c.fix.unwrap(), "drafs manifests rbac -n web --service-account default | kubectl apply -f -");
         let unknown: AccountAccess = (("x".into(), "y".into()), Err("HTTP 403".into()));
-        assert_eq!(volume_rbac("drafs.dev", &[ok, unknown]).status, Status::Warn);
+        assert_eq!(volume_rbac("drafs.dev", &[ok, unknown], None).status, Status::Warn);
     }
 }

@@ -6,10 +6,25 @@ use serde_json::json;
 use super::{Check, Status};
 use crate::admission::manifests::Grant;
 
+/// What grants `account` drafs's RBAC: one RoleBinding of the chart's
+/// `shared_role` where the cluster has it, else the namespace's own objects.
+pub fn grant_command(namespace: &str, account: &str, shared_role: Option<&str>) -> String {
+    match shared_role {
+        Some(role) => format!("drafs manifests rbac -n {namespace} --service-account {account} --cluster-role {role}"),
+        None => format!("drafs manifests rbac -n {namespace} --service-account {account}"),
+    }
+}
+
 /// The RBAC check: `answers` pairs each permission with whether a
 /// SubjectAccessReview allowed it; `Err` says why they could not be asked.
-pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, String>) -> Check {
-    let fix_base = format!("drafs manifests rbac -n {namespace} --service-account {account}");
+/// `shared_role`: the chart's tenant ClusterRole, when the cluster has it.
+pub fn rbac(
+    namespace: &str,
+    account: &str,
+    answers: Result<Vec<(Grant, bool)>, String>,
+    shared_role: Option<&str>,
+) -> Check {
+    let fix_base = grant_command(namespace, account, shared_role);
     let answers = match answers {
         Ok(a) => a,
         Err(why) => {
@@ -56,7 +71,7 @@ pub fn rbac(namespace: &str, account: &str, answers: Result<Vec<(Grant, bool)>, 
             ),
             details,
         )
-        .with_fix(format!("{fix_base} --events | kubectl apply -f -"));
+        .with_fix(format!("{} --events | kubectl apply -f -", grant_command(namespace, account, None)));
     }
     Check::new(
         "rbac",
@@ -79,17 +94,27 @@ mod tests {
     fn rbac_names_the_missing_verb_and_the_fix() {
         let grants = crate::admission::manifests::grants("ml", "trainer");
         let all = |except: &str| grants.iter().map(|g| (g.clone(), g.to_string() != except)).collect::<Vec<_>>();
-        let c = rbac("ml", "trainer", Ok(all("")));
+        let c = rbac("ml", "trainer", Ok(all("")), None);
         assert_eq!(c.status, Status::Ok);
-        let c = rbac("ml", "trainer", Ok(all("list resourceslices.resource.k8s.io (cluster-wide)")));
+        let c = rbac("ml", "trainer", Ok(all("list resourceslices.resource.k8s.io (cluster-wide)")), None);
         assert_eq!(c.status, Status::Fail);
         assert_eq!(c.message, "service account ml/trainer may not list resourceslices.resource.k8s.io (cluster-wide)");
         assert_eq!(c.fix.unwrap(), "drafs manifests rbac -n ml --service-account trainer | kubectl apply -f -");
-        let c = rbac("ml", "trainer", Ok(all("create events in ml")));
+        let c = rbac("ml", "trainer", Ok(all("create events in ml")), None);
         assert_eq!(c.status, Status::Warn);
         assert!(c.fix.unwrap().contains("--events"));
-        let c = rbac("ml", "trainer", Err("HTTP 403".into()));
+        let c = rbac("ml", "trainer", Err("HTTP 403".into()), None);
         assert_eq!(c.status, Status::Warn);
         assert_eq!(c.details["known"], false);
+        // Where the chart's shared role is there, one RoleBinding of it; events stay a standalone Role.
+        let c = rbac("ml", "trainer", Ok(all("get pods in ml")), Some("drafs-tenant"));
+        let fix =
+            "drafs manifests rbac -n ml --service-account trainer --cluster-role drafs-tenant | kubectl apply -f -";
+        assert_eq!(c.fix.unwrap(), fix);
+        let c = rbac("ml", "trainer", Ok(all("create events in ml")), Some("drafs-tenant"));
+        assert_eq!(
+            c.fix.unwrap(),
+            "drafs manifests rbac -n ml --service-account trainer --events | kubectl apply -f -"
+        );
     }
 }
