@@ -102,8 +102,12 @@ fn the_chart_lints_and_renders_the_kustomize_base_with_one_image_setting() {
         ],
     );
     let reference = format!("mirror.internal:5000/drafs:0.1.0@{digest}");
-    for kind in ["Deployment", "DaemonSet"] {
-        let pod = &find(&docs, kind)["spec"]["template"]["spec"];
+    let guard = &find(&docs, "Pod")["spec"];
+    for (kind, pod) in [
+        ("Deployment", &find(&docs, "Deployment")["spec"]["template"]["spec"]),
+        ("DaemonSet", &find(&docs, "DaemonSet")["spec"]["template"]["spec"]),
+        ("the uninstall guard's Pod", guard),
+    ] {
         assert_eq!(pod["containers"][0]["image"], reference.as_str(), "{kind}");
         assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "other"}]), "{kind}");
     }
@@ -460,7 +464,10 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
     // their claims and which namespaces opt in (docs/nri.md), and its own
     // DaemonSet, by name; without NRI, only slices.
     let slices = json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]});
-    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let named = |docs: &[Value], kind: &str, name: &str| {
+        docs.iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).cloned().unwrap()
+    };
+    let role = named(&docs, "ClusterRole", "drafs-node");
     assert_eq!(
         role["rules"],
         json!([
@@ -476,13 +483,41 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
         json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["drafs-node"], "verbs": ["get"]}])
     );
     let without_nri = render(&cp, &["--set", "node.enabled=true", "--set", "node.nri.enabled=false"]);
-    let role = without_nri.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let role = named(&without_nri, "ClusterRole", "drafs-node");
     assert_eq!(role["rules"], json!([slices]));
     assert!(!kinds_and_names(&without_nri).contains(&("Role".into(), "drafs-node".into())));
     let driver = find(&docs, "CSIDriver");
     assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
     assert_eq!(driver["spec"]["tokenRequests"], json!([{"audience": ""}]));
     assert_eq!(driver["spec"]["podInfoOnMount"], true);
+
+    // The uninstall guard: pre-delete hooks only, an account that may list
+    // pods and nothing else, a pod that meets restricted (tests/realnode_csi.rs
+    // runs it on a kubelet).
+    let guard = "drafs-uninstall-guard";
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Pod"] {
+        let hook = named(&docs, kind, guard);
+        assert_eq!(hook["metadata"]["annotations"]["helm.sh/hook"], "pre-delete", "{kind}");
+        assert!(
+            hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"].as_str().unwrap().contains("hook-failed")
+        );
+    }
+    assert_eq!(
+        named(&docs, "ClusterRole", guard)["rules"],
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])
+    );
+    let mut pod = named(&docs, "Pod", guard);
+    let args = pod["spec"]["containers"][0]["args"].as_array().unwrap();
+    assert_eq!(args[..3], [json!("check"), json!("--uninstall"), json!("--csi-driver=drafs.dev")]);
+    assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/name"], guard, "no workload's selector adopts it");
+    restricted_namespace(&cp, "guard-restricted");
+    cp.ensure(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                      "metadata": {"name": guard, "namespace": "guard-restricted"}}));
+    pod["metadata"]["namespace"] = json!("guard-restricted");
+    let applied = kubectl_apply(&cp, &[pod], true);
+    assert!(applied.status.success() && !stderr(&applied).contains("PodSecurity"), "{}", stderr(&applied));
+    let unguarded = render(&cp, &["--set", "node.enabled=true", "--set", "node.uninstallGuard.enabled=false"]);
+    assert!(!kinds_and_names(&unguarded).iter().any(|(_, name)| name == guard));
 
     helm_ok(&cp, &["install", "drafs", CHART, "--namespace", "drafs-system", "--set", "node.enabled=true"]);
     // KEP-5538: the token in the request's secrets where the cluster has the field (1.35+).
@@ -506,11 +541,14 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
         let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta(name, ns)}));
         assert!(object.is_some(), "{kind} {name} not installed");
     }
-    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
+    // No kubelet here to run the guard's pod: past it, as documented.
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait", "--no-hooks"]);
     for (api, kind, name, ns) in node_objects {
         let object = cp.get(&json!({"apiVersion": api, "kind": kind, "metadata": meta(name, ns)}));
         assert!(object.is_none(), "{kind} {name} left after uninstall");
     }
+    let hook = cp.get(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta(guard, Some("drafs-system"))}));
+    assert!(hook.is_none(), "--no-hooks ran the guard");
 }
 
 /// The agent as its peers run: Linux nodes only, three narrow host paths,
@@ -832,7 +870,8 @@ fn namespace_mode_csi_gives_an_opted_in_namespaces_pods_the_volume_of_the_charts
         code == 400 && text.contains("namespaces.drafs.dev") && text.contains("when it prepares the device"),
         "HTTP {code}: {text}"
     );
-    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait"]);
+    // node.enabled with no kubelet to run the uninstall guard's pod: past it, as documented.
+    helm_ok(&cp, &["uninstall", "drafs", "--namespace", "drafs-system", "--wait", "--no-hooks"]);
 }
 
 /// The image the chart's Deployment gives the webhook to inject (`DRAFS_IMAGE`).

@@ -12,6 +12,7 @@
 use serde_json::{Value, json};
 
 mod configuration;
+mod in_use;
 mod injection;
 mod installation;
 mod node;
@@ -24,6 +25,7 @@ pub use configuration::{
     ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_image,
     webhook_namespace_mode,
 };
+pub use in_use::{VolumeUser, in_use, volume_user};
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
 pub use installation::{
     AGENT_ANNOTATION, AccountAccess, AgentPod, agent_daemonset, agents, csi_driver, nri, volume_rbac,
@@ -88,6 +90,8 @@ pub struct Report {
     pub namespace: String,
     pub pod: Option<String>,
     pub checks: Vec<Check>,
+    /// `--uninstall`'s report: whether drafs node may go, not whether it works.
+    pub uninstall: bool,
 }
 
 impl Report {
@@ -97,6 +101,9 @@ impl Report {
     }
 
     fn subject(&self) -> String {
+        if self.uninstall {
+            return "uninstalling drafs node".to_string();
+        }
         if self.namespace.is_empty() && self.pod.is_none() {
             return "drafs node's installation".to_string();
         }
@@ -144,13 +151,16 @@ impl Report {
                 out.push_str(&format!("      {:<width$}  fix: {}\n", "", shown(fix)));
             }
         }
+        let (works, fails) = match self.uninstall {
+            true => ("nothing needs drafs node: it may be uninstalled".to_string(), "drafs node is in use".to_string()),
+            false => (
+                format!("drafs will work for {}", self.subject()),
+                format!("drafs will not work for {}", self.subject()),
+            ),
+        };
         match self.failed() {
-            0 => out.push_str(&format!("verdict: ok, drafs will work for {}\n", self.subject())),
-            n => out.push_str(&format!(
-                "verdict: FAIL, {n} check{} failed: drafs will not work for {}\n",
-                if n == 1 { "" } else { "s" },
-                self.subject()
-            )),
+            0 => out.push_str(&format!("verdict: ok, {works}\n")),
+            n => out.push_str(&format!("verdict: FAIL, {n} check{} failed: {fails}\n", if n == 1 { "" } else { "s" })),
         }
         out
     }
@@ -221,6 +231,7 @@ pub(crate) mod tests {
                 fix: Some(raw),
                 details: json!({}),
             }],
+            uninstall: false,
         };
         let text = report.to_text();
         assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{:?}", &text[..200]);
@@ -230,7 +241,8 @@ pub(crate) mod tests {
 
     #[test]
     fn the_report_exits_1_on_a_failure_and_prints_one_line_per_check() {
-        let mut report = Report { namespace: "ml".into(), pod: None, checks: vec![configuration(&shipped())] };
+        let mut report =
+            Report { namespace: "ml".into(), pod: None, checks: vec![configuration(&shipped())], uninstall: false };
         assert_eq!(report.failed(), 0);
         assert!(report.to_text().ends_with("verdict: ok, drafs will work for namespace ml\n"), "{}", report.to_text());
         report.checks.push(rbac(
@@ -250,5 +262,19 @@ pub(crate) mod tests {
         assert_eq!(json["verdict"], "fail");
         assert_eq!(json["checks"][1]["status"], "fail");
         assert_eq!(json["checks"][1]["details"]["missing"][0], "get pods in ml");
+    }
+
+    #[test]
+    fn the_uninstall_report_says_whether_drafs_node_may_go() {
+        let user = VolumeUser { namespace: "ml".into(), name: "t".into(), node: "n1".into() };
+        let mut report =
+            Report { namespace: String::new(), pod: None, checks: vec![in_use("drafs.dev", &[])], uninstall: true };
+        let text = report.to_text();
+        assert!(text.starts_with("drafs check: uninstalling drafs node\n"), "{text}");
+        assert!(text.ends_with("verdict: ok, nothing needs drafs node: it may be uninstalled\n"), "{text}");
+        report.checks = vec![in_use("drafs.dev", &[user])];
+        let text = report.to_text();
+        assert!(text.ends_with("verdict: FAIL, 1 check failed: drafs node is in use\n"), "{text}");
+        assert_eq!(report.to_json()["verdict"], "fail");
     }
 }

@@ -43,6 +43,8 @@ pub struct Config {
     pub csi_driver: String,
     /// Check drafs node across the cluster instead of a namespace or a pod.
     pub installation: bool,
+    /// Check whether drafs node may be uninstalled.
+    pub uninstall: bool,
 }
 
 impl Config {
@@ -65,6 +67,7 @@ impl Config {
             timeout: args.timeout,
             csi_driver: args.csi.csi_driver.clone(),
             installation: args.installation,
+            uninstall: args.uninstall,
         })
     }
 }
@@ -73,7 +76,9 @@ pub async fn run(c: Config) -> Result<(), Failure> {
     let client = Client::try_default().await.map_err(|e| {
         Failure::Usage(format!("no cluster to check: {}", e.to_string().replace("'\"", "'").replace("\"'", "'")))
     })?;
-    let report = if c.installation {
+    let report = if c.uninstall {
+        uninstall(&client, &c).await
+    } else if c.installation {
         installation(&client, &c).await
     } else {
         let namespace = c.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
@@ -137,7 +142,7 @@ async fn gather(client: &Client, c: &Config, namespace: &str) -> Report {
         }
         checks.push(drafs_container(client, c, namespace, pod).await);
     }
-    Report { namespace: namespace.to_string(), pod: c.pod.clone(), checks }
+    Report { namespace: namespace.to_string(), pod: c.pod.clone(), checks, uninstall: false }
 }
 
 /// The cluster's MutatingWebhookConfigurations and the check of drafs's.
@@ -353,7 +358,7 @@ async fn installation(client: &Client, c: &Config) -> Report {
     // The RBAC of the accounts whose pods use the volume (the agent reads as each pod),
     // and the pods whose drafs is not the one the webhook injects now.
     match scan_pods(client, c.timeout, name, installed_image.as_deref()).await {
-        Ok(PodScan { accounts, current, stale }) => {
+        Ok(PodScan { accounts, current, stale, .. }) => {
             if let Some(installed) = &installed_image {
                 checks.push(check::versions(installed, current, &stale));
             }
@@ -369,7 +374,17 @@ async fn installation(client: &Client, c: &Config) -> Report {
         }
         Err(e) => checks.push(failed("volume-rbac", format!("cannot list the pods: {e}"))),
     }
-    Report { namespace: String::new(), pod: None, checks }
+    Report { namespace: String::new(), pod: None, checks, uninstall: false }
+}
+
+/// `--uninstall`: the pods that still use the volume. Pods that cannot be
+/// listed fail the check: the guard refuses what it cannot see.
+async fn uninstall(client: &Client, c: &Config) -> Report {
+    let check = match scan_pods(client, c.timeout, &c.csi_driver, None).await {
+        Ok(scan) => check::in_use(&c.csi_driver, &scan.users),
+        Err(e) => failed("in-use", format!("cannot list the pods: {e}")),
+    };
+    Report { namespace: String::new(), pod: None, checks: vec![check], uninstall: true }
 }
 
 /// The agents check: the pods of the DaemonSet `(namespace, name)` (those
@@ -468,9 +483,8 @@ fn agent_pod(pod: &Pod, owner: &str) -> Option<check::AgentPod> {
     })
 }
 
-/// The (namespace, service account) of every pod with a `driver` volume,
-/// read a page at a time (only the accounts are kept).
-/// What one pass over the cluster's pods found.
+/// What one pass over the cluster's pods found (a page at a time, only
+/// this kept).
 #[derive(Default)]
 struct PodScan {
     /// The (namespace, account) of every pod with a volume of the driver.
@@ -479,10 +493,12 @@ struct PodScan {
     current: usize,
     /// Pods whose injected drafs is another.
     stale: Vec<check::StalePod>,
+    /// Unfinished pods with a volume of the driver.
+    users: Vec<check::VolumeUser>,
 }
 
-/// Every pod, a page at a time: the accounts of those using the volume of
-/// `driver`, and how many run the `installed` drafs and which do not.
+/// Every pod, a page at a time: those using the volume of `driver` and
+/// their accounts, and how many run the `installed` drafs and which do not.
 async fn scan_pods(
     client: &Client,
     limit: Duration,
@@ -501,6 +517,7 @@ async fn scan_pods(
                     None => scan.current += usize::from(check::injected_image(pod).is_some()),
                 }
             }
+            scan.users.extend(check::volume_user(pod, driver));
             let accounts = &mut scan.accounts;
             let Some(spec) = &pod.spec else { continue };
             let uses = spec.volumes.iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver));

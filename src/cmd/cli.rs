@@ -291,6 +291,10 @@ pub struct CheckArgs {
     /// RBAC of the service accounts whose pods use the volume.
     #[arg(long, conflicts_with_all = ["pod", "namespace", "service_account"])]
     pub installation: bool,
+    /// Whether drafs node may be uninstalled: fails while pods use the volume (the kubelet could not
+    /// unpublish it without the agent), naming them. The chart's pre-delete hook runs it.
+    #[arg(long, conflicts_with_all = ["pod", "namespace", "service_account", "installation", "webhook_address"])]
+    pub uninstall: bool,
     #[command(flatten)]
     pub csi: CsiDriverArgs,
 }

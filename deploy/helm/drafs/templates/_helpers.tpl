@@ -115,6 +115,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The uninstall guard's: its own name, so that no workload's selector adopts its pod. */}}
+{{- define "drafs.uninstallGuardLabels" -}}
+app.kubernetes.io/name: drafs-uninstall-guard
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
 {{/* host:port from (list host port), an IPv6 host in brackets. */}}
 {{- define "drafs.hostPort" -}}
 {{- $host := toString (index . 0) -}}
