@@ -811,3 +811,51 @@ fn check_installation_names_pods_running_another_drafs_and_how_to_roll_them() {
     let text = stdout(&check_as(&cp.dir().join("admin.kubeconfig"), &["--installation"]));
     assert!(text.contains("warn  versions"), "{text}");
 }
+
+/// `drafs check --uninstall`, the chart's pre-delete guard (tests/realnode_csi.rs
+/// runs it under helm on a kubelet), against the real API server: the
+/// unfinished pods with a volume of the driver, by name, fail it; a finished
+/// pod and another driver's volume do not; an account that may not list pods
+/// fails it too (the guard refuses what it cannot see).
+#[test]
+fn check_uninstall_names_the_pods_that_still_use_the_volume() {
+    let Some(cp) = controlplane::private() else { return };
+    namespace(&cp, "guarded", json!({}));
+    let with_volume = |name: &str, driver: &str| {
+        let mut p = pod("guarded", name, json!({}));
+        p["spec"]["volumes"] = json!([{"name": "dra", "csi": {"driver": driver, "readOnly": true}}]);
+        cp.create(&p)
+    };
+    let app = with_volume("app", "drafs.dev");
+    with_volume("other", "other.example.com");
+    let done = with_volume("done", "drafs.dev");
+    cp.patch_status(&done, &json!({"phase": "Succeeded"}));
+
+    let (code, report) = check_json(&cp, &["--uninstall"]);
+    assert_eq!(code, 1, "{report:#}");
+    let in_use = named(&report, "in-use");
+    assert_eq!(in_use["status"], "fail", "{report:#}");
+    assert_eq!(in_use["details"]["pods"], json!([{"pod": "guarded/app", "node": ""}]), "{report:#}");
+    let text = stdout(&check(&cp, &["--uninstall"]));
+    assert!(text.starts_with("drafs check: uninstalling drafs node\n"), "{text}");
+    assert!(text.contains("1 pod uses a volume of drafs.dev: guarded/app (not scheduled)."), "{text}");
+    assert!(
+        text.contains("fix: delete them (or scale their workloads to 0) first: kubectl delete pod -n guarded app;")
+    );
+    let (_, renamed) = check_json(&cp, &["--uninstall", "--csi-driver", "other.example.com"]);
+    assert_eq!(named(&renamed, "in-use")["details"]["pods"], json!([{"pod": "guarded/other", "node": ""}]));
+
+    // An account that may not list pods: refused, and why.
+    let kubeconfig = cp.dir().join("guard.kubeconfig");
+    cp.kubeconfig(&kubeconfig, &cp.token("guarded", "default", None), "guarded");
+    let out = check_as(&kubeconfig, &["--uninstall"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("FAIL  in-use  cannot list the pods:"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("forbidden"), "{}", stdout(&out));
+
+    cp.delete(&app);
+    let gone = wait_for(LIMIT, || check_json(&cp, &["--uninstall"]).0 == 0);
+    assert!(gone, "{:#}", check_json(&cp, &["--uninstall"]).1);
+    let text = stdout(&check(&cp, &["--uninstall"]));
+    assert!(text.ends_with("verdict: ok, nothing needs drafs node: it may be uninstalled\n"), "{text}");
+}

@@ -663,11 +663,94 @@ const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/drafs");
 /// `helm ARGS` against the node's API server, as its admin (helm's caches in
 /// the node's directory).
 fn helm_on(node: &Node, args: &[&str]) -> String {
-    let mut helm = node.in_node(support::helm::binary());
-    helm.args(args);
-    let out = support::helm::against(helm, node.work(), &node.admin_kubeconfig()).output().unwrap();
+    let out = helm_output(node, args);
     assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
     stdout(&out)
+}
+
+/// `helm ARGS` as [`helm_on`], whatever its outcome.
+fn helm_output(node: &Node, args: &[&str]) -> std::process::Output {
+    let mut helm = node.in_node(support::helm::binary());
+    helm.args(args);
+    support::helm::against(helm, node.work(), &node.admin_kubeconfig()).output().unwrap()
+}
+
+/// `helm install drafs` with the node part on, the node's image, and more `--set` values.
+fn install_chart(node: &Node, values: &[&str]) {
+    let (repository, tag) = node::DRAFS_IMAGE.split_once(':').unwrap();
+    let image = [format!("image.repository={repository}"), format!("image.tag={tag}")];
+    let mut args = vec!["install", "drafs", CHART, "--namespace", "drafs-system", "--create-namespace"];
+    args.extend(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never", "--set", &image[0]]);
+    args.extend(["--set", &image[1]]);
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    helm_on(node, &args);
+    node.wait_chart_agent();
+}
+
+/// The chart's pre-delete guard on a real kubelet: `helm uninstall` is
+/// refused while a pod has the volume (it would stay Terminating without the
+/// agent), printing the pod and the way past, and nothing is deleted; once
+/// the pod is gone the uninstall goes through, and nothing of the guard, the
+/// agent or its driver is left.
+#[test]
+fn helm_uninstall_is_refused_while_a_pod_uses_the_volume() {
+    let Some(node) = node::shared() else { return };
+    install_chart(node, &["node.nri.enabled=false"]);
+    let ns = "guarded";
+    node.namespace(ns, Some("restricted"));
+    node.claim_template(ns, "one-gpu", GPU_DRIVER, "gpu");
+    node.kubectl_apply(&csi_pod(ns, "app"));
+    node.wait_running(ns, "app");
+
+    let uninstall = ["uninstall", "drafs", "--namespace", "drafs-system", "--wait", "--timeout", "120s"];
+    let refused = helm_output(node, &uninstall);
+    let said = format!("{}{}", stdout(&refused), stderr(&refused));
+    assert!(!refused.status.success(), "uninstalled while a pod uses the volume: {said}");
+    // Helm prints the hook's log (its `hook-output-log-policy`), and why it stopped.
+    assert!(said.contains("Pod/drafs-system/drafs-uninstall-guard not ready. status: Failed"), "{said}");
+    assert!(said.contains(&format!("1 pod uses a volume of {DRIVER}: {ns}/app on {}.", node::NODE_NAME)), "{said}");
+    assert!(said.contains(&format!("kubectl delete pod -n {ns} app;")), "{said}");
+    assert!(said.contains("or uninstall anyway with helm uninstall --no-hooks"), "{said}");
+    assert!(said.contains("verdict: FAIL, 1 check failed: drafs node is in use"), "{said}");
+    // Nothing deleted: the agent serving the pod. Helm marked the release
+    // `uninstalling` before its hook ran; `helm rollback` makes it `deployed`
+    // again (an upgrade needs that), as docs/node-mode.md says.
+    let status = || {
+        let text = helm_on(node, &["status", "drafs", "-n", "drafs-system", "-o", "json"]);
+        serde_json::from_str::<Value>(&text).unwrap()["info"]["status"].clone()
+    };
+    assert_eq!(status(), "uninstalling");
+    helm_on(node, &["rollback", "drafs", "1", "-n", "drafs-system", "--wait", "--timeout", "120s"]);
+    assert_eq!(status(), "deployed");
+    assert!(node.get_json(&["csidriver", DRIVER]).is_some());
+    assert!(node.get_json(&["daemonset", "-n", "drafs-system", "drafs-node"]).is_some());
+    assert_eq!(read_in_app(node, ns, "app", "/dra/gpu/gpu/0/productName"), "NVIDIA H200");
+    let guard_left = || {
+        [
+            vec!["pod", "-n", "drafs-system", "drafs-uninstall-guard"],
+            vec!["serviceaccount", "-n", "drafs-system", "drafs-uninstall-guard"],
+            vec!["clusterrole", "drafs-uninstall-guard"],
+            vec!["clusterrolebinding", "drafs-uninstall-guard"],
+        ]
+        .into_iter()
+        .filter(|args| node.get_json(args).is_some())
+        .map(|args| args.join(" "))
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(guard_left(), Vec::<String>::new(), "the refused guard's objects");
+
+    node.kubectl_ok(&["delete", "pods", "-n", ns, "--all", "--wait=true", "--timeout=120s"]);
+    let out = helm_on(node, &uninstall);
+    assert!(out.contains("release \"drafs\" uninstalled"), "{out}");
+    assert!(node.get_json(&["csidriver", DRIVER]).is_none());
+    assert_eq!(guard_left(), Vec::<String>::new(), "the passed guard's objects");
+    let gone = wait_for(Duration::from_secs(60), || {
+        node.get_json(&["pods", "-n", "drafs-system", "-l", "app.kubernetes.io/name=drafs-node"])
+            .is_some_and(|p| p["items"].as_array().is_some_and(Vec::is_empty))
+    });
+    assert!(gone, "the agent's pod outlived the uninstall");
 }
 
 /// `helm upgrade` to a new image: the agent is replaced, the running pods'
@@ -675,17 +758,7 @@ fn helm_on(node: &Node, args: &[&str]) -> String {
 #[test]
 fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
     let Some(node) = node::shared() else { return };
-    let (repository, tag) = node::DRAFS_IMAGE.split_once(':').unwrap();
-    let image = [format!("image.repository={repository}"), format!("image.tag={tag}")];
-    helm_on(
-        node,
-        &["install", "drafs", CHART, "--namespace", "drafs-system", "--create-namespace"]
-            .into_iter()
-            .chain(["--set", "node.enabled=true", "--set", "image.pullPolicy=Never", "--set", &image[0]])
-            .chain(["--set", &image[1]])
-            .collect::<Vec<_>>(),
-    );
-    node.wait_chart_agent();
+    install_chart(node, &[]);
     let ns = "upgrade";
     node.namespace(ns, Some("restricted"));
     node.shared_gpu_template(ns, "gpu-2gi", "2Gi");
@@ -703,7 +776,7 @@ fn an_upgrade_to_a_new_image_keeps_running_pods_served() {
         .output()
         .unwrap();
     assert!(tagged.status.success(), "ctr images tag: {}", stderr(&tagged));
-    let next_tag = format!("image.tag={tag}-next");
+    let next_tag = format!("image.tag={}-next", node::DRAFS_IMAGE.split_once(':').unwrap().1);
     helm_on(node, &["upgrade", "drafs", CHART, "--namespace", "drafs-system", "--reuse-values", "--set", &next_tag]);
     let mut reads = 0;
     let replaced = wait_for(Duration::from_secs(120), || {
