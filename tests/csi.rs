@@ -10,7 +10,7 @@
 use drafs_test_support as support;
 use support::apiserver::RequestRecord;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,13 +34,14 @@ const UID: &str = "6f1d2c3a-9b8e-4d7f-a1b2-c3d4e5f60718";
 const UID_2: &str = "7e2d3c4b-0a9f-4e8d-b2c3-d4e5f6071829";
 const UUID: &str = "GPU-9e8d7c6b-5a4f-4e3d-2c1b-0a9f8e7d6c5b";
 
-/// Mounts recorded, not made: the target directories stay plain directories.
+/// Mounts recorded (with their SELinux label), not made: the target
+/// directories stay plain directories.
 #[derive(Default, Clone)]
-struct Recorded(Arc<Mutex<HashSet<PathBuf>>>);
+struct Recorded(Arc<Mutex<HashMap<PathBuf, Option<String>>>>);
 
 impl Mounts for Recorded {
-    fn mount_tmpfs(&self, target: &Path, _: Room) -> std::io::Result<()> {
-        self.0.lock().unwrap().insert(target.to_path_buf());
+    fn mount_tmpfs(&self, target: &Path, _: Room, selinux_context: Option<&str>) -> std::io::Result<()> {
+        self.0.lock().unwrap().insert(target.to_path_buf(), selinux_context.map(String::from));
         Ok(())
     }
     /// What was written in the tmpfs goes with it.
@@ -53,7 +54,7 @@ impl Mounts for Recorded {
         Ok(())
     }
     fn at(&self, target: &Path) -> std::io::Result<AtTarget> {
-        Ok(if self.0.lock().unwrap().contains(target) { AtTarget::Ours } else { AtTarget::Nothing })
+        Ok(if self.0.lock().unwrap().contains_key(target) { AtTarget::Ours } else { AtTarget::Nothing })
     }
 }
 
@@ -175,10 +176,23 @@ impl Agent {
         &self,
         namespace: &str,
         id: &str,
-        (pod, uid): (&str, &str),
+        pod: (&str, &str),
         target: &Path,
         token: &str,
         extra: &[(&str, &str)],
+    ) -> Result<Vec<u8>, Status> {
+        self.publish_flagged(namespace, id, pod, target, (token, extra), &[])
+    }
+
+    /// [`Self::publish_in`] with these mount flags in its volume capability.
+    fn publish_flagged(
+        &self,
+        namespace: &str,
+        id: &str,
+        (pod, uid): (&str, &str),
+        target: &Path,
+        (token, extra): (&str, &[(&str, &str)]),
+        flags: &[&str],
     ) -> Result<Vec<u8>, Status> {
         let mut context: BTreeMap<String, String> = [
             ("csi.storage.k8s.io/ephemeral", "true"),
@@ -192,8 +206,14 @@ impl Agent {
         .collect();
         let tokens = serde_json::json!({"": {"token": token, "expirationTimestamp": "2026-12-03T14:00:00Z"}});
         context.insert("csi.storage.k8s.io/serviceAccount.tokens".into(), tokens.to_string());
+        let mut mount = Writer::new();
+        for flag in flags {
+            mount.string(2, flag);
+        }
+        let mut capability = Writer::new();
+        capability.message(2, mount);
         let mut req = Writer::new();
-        req.string(1, id).string(4, &target.to_string_lossy()).boolean(6, true).map(8, &context);
+        req.string(1, id).string(4, &target.to_string_lossy()).message(5, capability).boolean(6, true).map(8, &context);
         self.call("/csi.v1.Node/NodePublishVolume", req.finish())
     }
 
@@ -270,7 +290,7 @@ fn a_publish_answers_with_the_tree_written_and_a_republish_restarts_nothing() {
     let target = a.target();
     assert_eq!(std::fs::read_to_string(target.join("gpu/gpu/0/uuid")).unwrap(), UUID);
     assert!(target.join(".ready").exists());
-    assert!(a.mounts.0.lock().unwrap().contains(&target), "a tmpfs at the target");
+    assert!(a.mounts.0.lock().unwrap().contains_key(&target), "a tmpfs at the target");
 
     // The kubelet publishes again at every sync: the run is found, nothing is asked again.
     a.api.clear_requests();
@@ -304,6 +324,31 @@ fn a_refused_publish_creates_nothing_and_says_why() {
     assert!(err.message.contains("after the volume is published"), "{}", err.message);
     assert!(!a.kubelet.path().join("pods").exists(), "nothing was created");
     assert!(a.mounts.0.lock().unwrap().is_empty());
+}
+
+/// The kubelet's SELinux label (a `context=` mount flag, with the
+/// CSIDriver's `seLinuxMount: true`) is given to the volume's tmpfs, so that
+/// every tree the agent writes later has it; any other flag is refused with
+/// the reason, and nothing is made.
+#[test]
+fn the_kubelets_selinux_context_labels_the_volumes_tmpfs() {
+    let a = agent();
+    let label = "system_u:object_r:container_file_t:s0:c4,c7";
+    let target = a.target();
+    let pod = ("trainer-0", UID);
+    a.publish_flagged("ml", "csi-1", pod, &target, (TOKEN, &[]), &[&format!("context=\"{label}\"")])
+        .expect("published");
+    assert_eq!(a.mounts.0.lock().unwrap().get(&target), Some(&Some(label.to_string())));
+    assert_eq!(std::fs::read_to_string(target.join("gpu/gpu/0/uuid")).unwrap(), UUID);
+
+    let other = a.target_of(UID_2, "dra");
+    let err = a
+        .publish_flagged("ml", "csi-2", ("trainer-1", UID_2), &other, (TOKEN, &[]), &["context=\"a:b:c\",uid=0"])
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("only the kubelet's SELinux `context="), "{}", err.message);
+    assert!(!a.kubelet.path().join(format!("pods/{UID_2}")).exists(), "nothing was created");
+    assert_eq!(a.mounts.0.lock().unwrap().len(), 1);
 }
 
 #[test]
@@ -401,7 +446,7 @@ fn a_pod_reads_the_standard_view_from_a_second_volume() {
     let names: Vec<String> =
         std::fs::read_dir(&view).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["resourceclaimtemplates"], "the standard view alone, no tree in it");
-    assert!(a.mounts.0.lock().unwrap().contains(&view), "a tmpfs of its own");
+    assert!(a.mounts.0.lock().unwrap().contains_key(&view), "a tmpfs of its own");
 
     // One of each view: a second standard view is refused, with the reason.
     let again = a.target_of(UID, "dra-metadata-2");
@@ -518,7 +563,7 @@ fn a_pod_without_claims_is_served_an_empty_tree_and_takes_no_place() {
     a.api.clear_requests();
     a.publish_volume("csi-p", ("plain", UID_PLAIN), &plain, TOKEN, &[]).expect("republished");
     assert_eq!(a.pod_and_claim_requests(), 0, "{:?}", a.api.requests());
-    assert!(a.mounts.0.lock().unwrap().contains(&plain), "its tree stays");
+    assert!(a.mounts.0.lock().unwrap().contains_key(&plain), "its tree stays");
 }
 
 /// A volume whose tree is never ready (a required value that never comes)
@@ -537,7 +582,7 @@ fn a_volume_never_ready_gives_its_place_to_another_pod_once_the_kubelet_stops_as
     assert_eq!(err.code, Code::Unavailable, "{}", err.message);
     let served = wait_for(Duration::from_secs(10), || a.publish(TOKEN).is_ok());
     assert!(served, "the stuck pod's place was not given to the pod that can be served");
-    assert!(!a.mounts.0.lock().unwrap().contains(&stuck), "the stuck volume's tmpfs is gone");
+    assert!(!a.mounts.0.lock().unwrap().contains_key(&stuck), "the stuck volume's tmpfs is gone");
     assert_eq!(std::fs::read_to_string(a.target().join("gpu/gpu/0/uuid")).unwrap(), UUID);
     // The stuck pod asks again: no place is free now, and it is told so.
     let err = a.publish_volume("csi-2", ("trainer-1", UID_2), &stuck, TOKEN, &never).unwrap_err();

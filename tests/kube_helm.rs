@@ -490,6 +490,7 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
     assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
     assert_eq!(driver["spec"]["tokenRequests"], json!([{"audience": ""}]));
     assert_eq!(driver["spec"]["podInfoOnMount"], true);
+    assert_eq!(driver["spec"]["seLinuxMount"], true, "the kubelet's SELinux label honoured (request.rs, mounts.rs)");
 
     // The uninstall guard: pre-delete hooks only, an account that may list
     // pods and nothing else, a pod that meets restricted (tests/realnode_csi.rs

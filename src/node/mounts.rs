@@ -24,8 +24,10 @@ pub enum AtTarget {
 }
 
 pub trait Mounts: Send + Sync + 'static {
-    /// Mount a fresh tmpfs at `target` (a directory), holding at most `size`.
-    fn mount_tmpfs(&self, target: &Path, size: Room) -> io::Result<()>;
+    /// Mount a fresh tmpfs at `target` (a directory), holding at most `size`,
+    /// every file of it labelled `selinux_context` when given (checked by
+    /// `request`: no `"` or `=` in it).
+    fn mount_tmpfs(&self, target: &Path, size: Room, selinux_context: Option<&str>) -> io::Result<()>;
     /// Detach the mount at `target`.
     fn unmount(&self, target: &Path) -> io::Result<()>;
     /// What is mounted at `target` (exactly there, not above it).
@@ -37,9 +39,12 @@ pub trait Mounts: Send + Sync + 'static {
 pub struct SystemMounts;
 
 impl Mounts for SystemMounts {
-    fn mount_tmpfs(&self, target: &Path, size: Room) -> io::Result<()> {
+    fn mount_tmpfs(&self, target: &Path, size: Room, selinux_context: Option<&str>) -> io::Result<()> {
         use nix::mount::{MsFlags, mount};
-        let data = format!("size={},nr_inodes={},mode=0755", size.bytes, size.inodes);
+        let mut data = format!("size={},nr_inodes={},mode=0755", size.bytes, size.inodes);
+        if let Some(label) = selinux_context {
+            data.push_str(&format!(",context=\"{label}\""));
+        }
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
         mount(Some(SOURCE), target, Some("tmpfs"), flags, Some(data.as_str())).map_err(io::Error::from)
     }
@@ -115,7 +120,7 @@ mod tests {
         let target = dir.path().join("mount");
         std::fs::create_dir(&target).unwrap();
         let mounts = SystemMounts;
-        match mounts.mount_tmpfs(&target, Room { bytes: 1 << 20, inodes: 64 }) {
+        match mounts.mount_tmpfs(&target, Room { bytes: 1 << 20, inodes: 64 }, None) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                 return eprintln!("SKIPPED: mounting needs root ({e})");
             }
@@ -133,6 +138,46 @@ mod tests {
         assert_eq!(mounts.at(&target).unwrap(), AtTarget::Ours);
         mounts.unmount(&target).unwrap();
         assert_eq!(mounts.at(&target).unwrap(), AtTarget::Nothing);
+    }
+
+    /// The kubelet's SELinux label reaches the kernel as the tmpfs's
+    /// `context=`: where the kernel has SELinux, every file written later in
+    /// the tmpfs carries it; where it has none (this machine's kernel: no
+    /// selinuxfs, and the kubelet then sends no label), the kernel refuses the
+    /// option and nothing is mounted: a label is never dropped silently.
+    #[test]
+    fn a_tmpfs_takes_the_kubelets_selinux_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("mount");
+        std::fs::create_dir(&target).unwrap();
+        let label = "system_u:object_r:container_file_t:s0:c4,c7";
+        let selinux = std::fs::read_to_string("/proc/filesystems").unwrap().contains("selinuxfs");
+        match SystemMounts.mount_tmpfs(&target, Room { bytes: 1 << 20, inodes: 64 }, Some(label)) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                return eprintln!("SKIPPED: mounting needs root ({e})");
+            }
+            Err(e) if !selinux => {
+                assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+                assert_eq!(SystemMounts.at(&target).unwrap(), AtTarget::Nothing);
+                return;
+            }
+            result => result.unwrap(),
+        }
+        assert!(selinux, "a kernel without SELinux took a SELinux label");
+        std::fs::create_dir(target.join("later")).unwrap();
+        std::fs::write(target.join("later/uuid"), "GPU-1").unwrap();
+        for file in [target.join("later"), target.join("later/uuid")] {
+            use std::os::unix::ffi::OsStrExt;
+            let path = std::ffi::CString::new(file.as_os_str().as_bytes()).unwrap();
+            let mut value = [0u8; 256];
+            // SAFETY: NUL-terminated strings and a buffer of the length given.
+            let n = unsafe {
+                libc::getxattr(path.as_ptr(), c"security.selinux".as_ptr(), value.as_mut_ptr().cast(), value.len())
+            };
+            let n = usize::try_from(n).unwrap_or_else(|_| panic!("{}: {}", file.display(), io::Error::last_os_error()));
+            assert_eq!(String::from_utf8_lossy(&value[..n]).trim_end_matches('\0'), label, "{}", file.display());
+        }
+        SystemMounts.unmount(&target).unwrap();
     }
 
     #[test]

@@ -223,6 +223,9 @@ pub struct NodePublishVolumeRequest {
     pub readonly: bool,
     /// Whether `volume_capability` asked for a block device (drafs serves a filesystem only).
     pub block: bool,
+    /// `volume_capability.mount.mount_flags`: for an inline volume, only the
+    /// kubelet's SELinux `context=` (CSIDriver `seLinuxMount: true`).
+    pub mount_flags: Vec<String>,
     pub volume_context: BTreeMap<String, String>,
     /// Where the kubelet puts the pod's tokens when the CSIDriver asks for
     /// them there (`serviceAccountTokenInSecrets`, KEP-5538). Never printed.
@@ -236,6 +239,7 @@ impl std::fmt::Debug for NodePublishVolumeRequest {
             .field("target_path", &self.target_path)
             .field("readonly", &self.readonly)
             .field("block", &self.block)
+            .field("mount_flags", &self.mount_flags)
             .field("volume_context", &self.volume_context.keys().collect::<Vec<_>>())
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .finish()
@@ -250,10 +254,19 @@ impl NodePublishVolumeRequest {
                 (1, v) => req.volume_id = string(1, v)?,
                 (4, v) => req.target_path = string(4, v)?,
                 (5, v) => {
-                    // VolumeCapability: oneof access_type { block = 1; mount = 2; }
+                    // VolumeCapability: oneof access_type { block = 1; mount = 2; },
+                    // MountVolume { fs_type = 1; repeated mount_flags = 2; }
                     for cap in Fields::new(bytes(5, v)?) {
-                        if let (1, _) = cap? {
-                            req.block = true;
+                        match cap? {
+                            (1, _) => req.block = true,
+                            (2, mount) => {
+                                for flag in Fields::new(bytes(2, mount)?) {
+                                    if let (2, flag) = flag? {
+                                        req.mount_flags.push(string(2, flag)?);
+                                    }
+                                }
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -320,7 +333,7 @@ mod tests {
 
     fn publish_request() -> Vec<u8> {
         let mut mount = Writer::new();
-        mount.string(1, "tmpfs");
+        mount.string(1, "tmpfs").string(2, "context=\"system_u:object_r:container_file_t:s0:c1,c2\"");
         let mut capability = Writer::new();
         capability.message(2, mount);
         let mut access = Writer::new();
@@ -349,6 +362,7 @@ mod tests {
         assert_eq!(req.target_path, "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/dra/mount");
         assert!(req.readonly);
         assert!(!req.block);
+        assert_eq!(req.mount_flags, ["context=\"system_u:object_r:container_file_t:s0:c1,c2\""]);
         assert_eq!(req.volume_context["csi.storage.k8s.io/pod.name"], "app");
         assert_eq!(req.volume_context["empty"], "", "an entry without a value has the empty string");
         assert_eq!(req.volume_context.len(), 3);

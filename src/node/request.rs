@@ -61,6 +61,11 @@ pub struct Publish {
     pub selection: Selection,
     pub require: Vec<RequirePath>,
     pub view: View,
+    /// The SELinux context the kubelet asks every file of the volume to have
+    /// (`context=` among the mount flags), given to the tmpfs: files the agent
+    /// writes later carry it too, where a relabel by the runtime would reach
+    /// only the first tree.
+    pub selinux_context: Option<String>,
 }
 
 impl std::fmt::Debug for Publish {
@@ -73,6 +78,7 @@ impl std::fmt::Debug for Publish {
             .field("selection", &self.selection)
             .field("require", &self.require)
             .field("view", &self.view)
+            .field("selinux_context", &self.selinux_context)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +119,10 @@ pub enum RequestError {
     Require(String),
     #[error("volume attribute `require`: {}", crate::model::tree::TreeError::KnownAfterPrepare(.0.clone()))]
     RequirePrepared(String),
+    #[error(
+        "mount flag {0:?}: drafs honours only the kubelet's SELinux `context=\"USER:ROLE:TYPE:LEVEL\"` (once) on its volumes"
+    )]
+    MountFlag(String),
 }
 
 /// Where the kubelet puts the pod's token: the CSIDriver's
@@ -190,8 +200,43 @@ impl Publish {
         };
         let token = api_token(tokens.map(String::as_str), driver, token_in)?;
         let (selection, require, view) = options(ctx)?;
-        Ok(Publish { volume_id: req.volume_id.clone(), target, pod, pod_uid, token, selection, require, view })
+        let selinux_context = selinux_context(&req.mount_flags)?;
+        Ok(Publish {
+            volume_id: req.volume_id.clone(),
+            target,
+            pod,
+            pod_uid,
+            token,
+            selection,
+            require,
+            view,
+            selinux_context,
+        })
     }
+}
+
+/// The label of the one `context="..."` mount flag, if any (quotes optional:
+/// the kubelet quotes it, for the commas of its categories). Anything else is
+/// refused: the label goes into the tmpfs's mount options, where a `,` or
+/// `"` of its own would add options of the tenant's choosing.
+fn selinux_context(flags: &[String]) -> Result<Option<String>, RequestError> {
+    let mut context = None;
+    for flag in flags {
+        let label =
+            flag.strip_prefix("context=").map(|l| l.strip_prefix('"').and_then(|l| l.strip_suffix('"')).unwrap_or(l));
+        let label = label.filter(|l| {
+            let parts: Vec<&str> = l.splitn(4, ':').collect();
+            l.len() <= 255
+                && parts.len() >= 3
+                && parts.iter().all(|p| !p.is_empty())
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || "_.:,-".contains(c))
+        });
+        match (label, &context) {
+            (Some(label), None) => context = Some(label.to_string()),
+            _ => return Err(RequestError::MountFlag(flag.clone())),
+        }
+    }
+    Ok(context)
 }
 
 /// The target must be a volume directory of the pod's own (see [`volume_dir_pod`]).
@@ -307,6 +352,7 @@ mod tests {
             target_path: TARGET.into(),
             readonly: true,
             block: false,
+            mount_flags: Vec::new(),
             volume_context: ctx.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             secrets: Default::default(),
         }
@@ -362,6 +408,42 @@ mod tests {
         req.secrets.clear();
         let err = secrets(&req).unwrap_err();
         assert!(err.to_string().contains("serviceAccountTokenInSecrets: true"), "{err}");
+    }
+
+    /// The kubelet's SELinux label (CSIDriver `seLinuxMount: true`) goes to
+    /// the tmpfs; nothing else in the mount flags, and nothing that could add
+    /// a mount option of its own.
+    #[test]
+    fn the_kubelets_selinux_context_is_the_only_mount_flag() {
+        let with = |flags: &[&str]| {
+            let mut req = request();
+            req.mount_flags = flags.iter().map(|f| f.to_string()).collect();
+            check(&req)
+        };
+        assert_eq!(check(&request()).unwrap().selinux_context, None);
+        let label = "system_u:object_r:container_file_t:s0:c12,c345";
+        for flag in [format!("context=\"{label}\""), format!("context={label}")] {
+            assert_eq!(with(&[&flag]).unwrap().selinux_context.as_deref(), Some(label), "{flag}");
+        }
+        let mls = "system_u:object_r:container_file_t:s0-s0:c0.c1023";
+        assert_eq!(with(&[&format!("context=\"{mls}\"")]).unwrap().selinux_context.as_deref(), Some(mls));
+        for bad in [
+            "noexec",
+            "context=\"a:b:c\",uid=0",
+            "context=\"a:b:c\"\"",
+            "context=a:b:c,size=1G",
+            "context=\"a:b\"",
+            "context=\"a::c\"",
+            "context=\"a:b:c d\"",
+            "defcontext=\"a:b:c\"",
+            "context=\"\"",
+        ] {
+            let err = with(&[bad]).unwrap_err();
+            assert_eq!(err, RequestError::MountFlag(bad.into()), "{bad}");
+        }
+        let twice = with(&["context=\"a:b:c\"", "context=\"a:b:d\""]).unwrap_err();
+        assert_eq!(twice, RequestError::MountFlag("context=\"a:b:d\"".into()));
+        assert!(twice.to_string().contains("only the kubelet's SELinux `context="), "{twice}");
     }
 
     #[test]

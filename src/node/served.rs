@@ -146,6 +146,8 @@ pub(super) struct Slot {
     /// `namespace/name`.
     pub(super) pod: String,
     pub(super) kind: SlotKind,
+    /// The label the kubelet asked the volume's files to have (`Publish::selinux_context`).
+    pub(super) selinux_context: Option<String>,
     /// Asks the slot's run, whichever it is, to read its pod and claims again
     /// (once its own watches are parked).
     pub(super) poke: watch::Sender<u64>,
@@ -173,6 +175,7 @@ impl Slot {
             pod_uid: uid.to_string(),
             pod: format!("{}/{}", pod.namespace, pod.name),
             kind,
+            selinux_context: None,
             poke: watch::Sender::new(0),
             reclaimed: AtomicBool::new(false),
             settled: AtomicBool::new(false),
@@ -425,7 +428,7 @@ impl<M: Mounts> Served<M> {
         if let Some(turns) = &state.turns {
             return Ok(turns.clone());
         }
-        let made = self.mount(&slot.target, self.limits.room(slot.kind))?;
+        let made = self.mount(&slot.target, self.limits.room(slot.kind), slot.selinux_context.as_deref())?;
         let turns = DirTurns::take(&slot.target).inspect_err(|_| {
             if made {
                 // Nothing may stay of a refused call: nobody removes it after a final error.
@@ -489,7 +492,7 @@ impl<M: Mounts> Served<M> {
     }
 
     /// A tmpfs of drafs's at `target`: made (true), or found (the agent restarted).
-    fn mount(&self, target: &Path, room: Room) -> Result<bool, Status> {
+    fn mount(&self, target: &Path, room: Room, selinux_context: Option<&str>) -> Result<bool, Status> {
         match self.mounts.at(target).map_err(|e| internal("read the mount table", target, e))? {
             AtTarget::Ours => Ok(false),
             AtTarget::Foreign => Err(Status::new(
@@ -498,7 +501,14 @@ impl<M: Mounts> Served<M> {
             )),
             AtTarget::Nothing => {
                 std::fs::create_dir_all(target).map_err(|e| internal("create", target, e))?;
-                self.mounts.mount_tmpfs(target, room).map_err(|e| internal("mount a tmpfs at", target, e))?;
+                self.mounts.mount_tmpfs(target, room, selinux_context).map_err(|e| match selinux_context {
+                    Some(label) => internal(
+                        &format!("mount a tmpfs labelled {label:?} (the kubelet's SELinux context) at"),
+                        target,
+                        e,
+                    ),
+                    None => internal("mount a tmpfs at", target, e),
+                })?;
                 Ok(true)
             }
         }

@@ -120,7 +120,8 @@ impl<M: Mounts> Served<M> {
                 ));
             }
         }
-        let slot = Slot::new(p.volume_id.clone(), p.target.clone(), &p.pod, &p.pod_uid, kind);
+        let mut slot = Slot::new(p.volume_id.clone(), p.target.clone(), &p.pod, &p.pod_uid, kind);
+        slot.selinux_context = p.selinux_context.clone();
         self.add_slot(slot, &p.pod.namespace)
     }
 

@@ -53,7 +53,7 @@ subjects: [{kind: ServiceAccount, name: drafs-node, namespace: drafs-system}]
 pub struct Recorded(pub Arc<Mutex<HashSet<PathBuf>>>);
 
 impl Mounts for Recorded {
-    fn mount_tmpfs(&self, target: &Path, _: Room) -> std::io::Result<()> {
+    fn mount_tmpfs(&self, target: &Path, _: Room, _: Option<&str>) -> std::io::Result<()> {
         self.0.lock().unwrap().insert(target.to_path_buf());
         Ok(())
     }
