@@ -263,6 +263,8 @@ fn bad_values_are_refused_with_the_reason() {
         ("node.updateStrategy.type=Foo", "at '/node/updateStrategy/type': value must be one of"),
         ("node.nri.wait=soon", "at '/node/nri/wait'"),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        // The check refuses no time at all: the guard would never pass.
+        ("node.uninstallGuard.timeout=0s", "at '/node/uninstallGuard/timeout'"),
     ] {
         let out = helm::run(cp, &["template", "drafs", CHART, "--set", "node.enabled=true", "--set", set]);
         assert!(!out.status.success(), "{set} was rendered");
@@ -493,7 +495,7 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
     assert_eq!(driver["spec"]["seLinuxMount"], true, "the kubelet's SELinux label honoured (request.rs, mounts.rs)");
 
     // The uninstall guard: pre-delete hooks only, an account that may list
-    // pods and nothing else, a pod that meets restricted (tests/realnode_csi.rs
+    // pods and read the one CSIDriver, a pod that meets restricted (tests/realnode_csi.rs
     // runs it on a kubelet).
     let guard = "drafs-uninstall-guard";
     for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Pod"] {
@@ -505,7 +507,10 @@ fn node_enabled_installs_the_csi_driver_and_uninstall_removes_it() {
     }
     assert_eq!(
         named(&docs, "ClusterRole", guard)["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": ["storage.k8s.io"], "resources": ["csidrivers"], "resourceNames": ["drafs.dev"], "verbs": ["get"]},
+        ])
     );
     let mut pod = named(&docs, "Pod", guard);
     let args = pod["spec"]["containers"][0]["args"].as_array().unwrap();

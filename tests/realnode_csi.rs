@@ -711,8 +711,8 @@ fn helm_uninstall_is_refused_while_a_pod_uses_the_volume() {
     // Helm prints the hook's log (its `hook-output-log-policy`), and why it stopped.
     assert!(said.contains("Pod/drafs-system/drafs-uninstall-guard not ready. status: Failed"), "{said}");
     assert!(said.contains(&format!("1 pod uses a volume of {DRIVER}: {ns}/app on {}.", node::NODE_NAME)), "{said}");
-    assert!(said.contains(&format!("kubectl delete pod -n {ns} app;")), "{said}");
-    assert!(said.contains("or uninstall anyway with helm uninstall --no-hooks"), "{said}");
+    assert!(said.contains("uninstall anyway (they then stay Terminating) with helm uninstall --no-hooks"), "{said}");
+    assert!(said.contains(&format!("--no-hooks: kubectl delete pod -n {ns} app")), "{said}");
     assert!(said.contains("verdict: FAIL, 1 check failed: drafs node is in use"), "{said}");
     // Nothing deleted: the agent serving the pod. Helm marked the release
     // `uninstalling` before its hook ran; `helm rollback` makes it `deployed`

@@ -25,7 +25,7 @@ pub use configuration::{
     ENTRY_NAMES, configuration, drafs_entries, entry_path, selects, webhook_csi_driver, webhook_image,
     webhook_namespace_mode,
 };
-pub use in_use::{VolumeUser, in_use, volume_user};
+pub use in_use::{VolumeUser, has_volume_of, in_use, no_csi_driver, volume_user};
 pub use injection::{Injection, injection, namespace_injection, namespace_labels, pod_injection};
 pub use installation::{
     AGENT_ANNOTATION, AccountAccess, AgentPod, agent_daemonset, agents, csi_driver, nri, volume_rbac,

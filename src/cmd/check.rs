@@ -378,13 +378,28 @@ async fn installation(client: &Client, c: &Config) -> Report {
 }
 
 /// `--uninstall`: the pods that still use the volume. Pods that cannot be
-/// listed fail the check: the guard refuses what it cannot see.
+/// listed fail the check: the guard refuses what it cannot see. A driver
+/// name the cluster has no CSIDriver of is a warning (a hand-run check
+/// without the installation's `--csi-driver` would look for the wrong volumes).
 async fn uninstall(client: &Client, c: &Config) -> Report {
-    let check = match scan_pods(client, c.timeout, &c.csi_driver, None).await {
-        Ok(scan) => check::in_use(&c.csi_driver, &scan.users),
-        Err(e) => failed("in-use", format!("cannot list the pods: {e}")),
-    };
-    Report { namespace: String::new(), pod: None, checks: vec![check], uninstall: true }
+    use k8s_openapi::api::storage::v1::CSIDriver;
+    let name = c.csi_driver.as_str();
+    let mut checks = Vec::new();
+    if let Ok(None) = bounded(c.timeout, Api::<CSIDriver>::all(client.clone()).get_opt(name)).await {
+        checks.push(check::no_csi_driver(name));
+    }
+    checks.push(match scan_pods(client, c.timeout, name, None).await {
+        Ok(scan) => check::in_use(name, &scan.users),
+        Err(e) => Check {
+            fix: Some(
+                "run it as an account that may list pods in every namespace, or uninstall without the check (helm \
+                 uninstall --no-hooks) knowing that pods with the volume then stay Terminating"
+                    .into(),
+            ),
+            ..failed("in-use", format!("cannot list the pods: {e}"))
+        },
+    });
+    Report { namespace: String::new(), pod: None, checks, uninstall: true }
 }
 
 /// The agents check: the pods of the DaemonSet `(namespace, name)` (those
@@ -518,12 +533,9 @@ async fn scan_pods(
                 }
             }
             scan.users.extend(check::volume_user(pod, driver));
-            let accounts = &mut scan.accounts;
-            let Some(spec) = &pod.spec else { continue };
-            let uses = spec.volumes.iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver));
-            if uses {
-                let account = spec.service_account_name.clone().filter(|a| !a.is_empty());
-                accounts.insert((
+            if check::has_volume_of(pod, driver) {
+                let account = pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).filter(|a| !a.is_empty());
+                scan.accounts.insert((
                     pod.metadata.namespace.clone().unwrap_or_default(),
                     account.unwrap_or_else(|| "default".into()),
                 ));

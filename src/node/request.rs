@@ -120,7 +120,7 @@ pub enum RequestError {
     #[error("volume attribute `require`: {}", crate::model::tree::TreeError::KnownAfterPrepare(.0.clone()))]
     RequirePrepared(String),
     #[error(
-        "mount flag {0:?}: drafs honours only the kubelet's SELinux `context=\"USER:ROLE:TYPE:LEVEL\"` (once) on its volumes"
+        "mount flag {0:?}: drafs honours only the kubelet's SELinux `context=\"USER:ROLE:TYPE[:LEVEL]\"` (once) on its volumes"
     )]
     MountFlag(String),
 }

@@ -24,21 +24,38 @@ pub struct VolumeUser {
     pub node: String,
 }
 
+/// Whether `pod` has a volume of `driver`.
+pub fn has_volume_of(pod: &Pod, driver: &str) -> bool {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    volumes.into_iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver))
+}
+
 /// [`VolumeUser`] of `pod` when it has a volume of `driver` and has not
-/// finished: a Succeeded or Failed pod's volumes are already unpublished,
-/// a pod being deleted still needs the agent to unpublish its own.
+/// finished. The kubelet unpublishes a Succeeded or Failed pod's volumes
+/// once its containers are gone, a moment after it reports the phase; a pod
+/// being deleted still needs the agent to unpublish its own.
 pub fn volume_user(pod: &Pod, driver: &str) -> Option<VolumeUser> {
-    let spec = pod.spec.as_ref()?;
-    let uses = spec.volumes.iter().flatten().any(|v| v.csi.as_ref().is_some_and(|csi| csi.driver == driver));
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if !uses || matches!(phase, Some("Succeeded" | "Failed")) {
+    if !has_volume_of(pod, driver) || matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
     Some(VolumeUser {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
-        node: spec.node_name.clone().unwrap_or_default(),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
     })
+}
+
+/// The warning that the cluster has no CSIDriver `driver`: the pods were
+/// searched for volumes of a name nothing installed.
+pub fn no_csi_driver(driver: &str) -> Check {
+    Check::new(
+        "csi-driver",
+        Status::Warn,
+        format!("the cluster has no CSIDriver {driver}: is it the installation's driver name?"),
+        json!({"driver": driver}),
+    )
+    .with_fix("give the installation's with --csi-driver (the chart's node.driverName)")
 }
 
 /// The check: failed while any pod uses the volume of `driver`, with the
@@ -66,13 +83,19 @@ pub fn in_use(driver: &str, users: &[VolumeUser]) -> Check {
     for u in users {
         by_namespace.entry(&u.namespace).or_default().push(&u.name);
     }
-    let deletes: Vec<String> = by_namespace
-        .iter()
-        .take(NAMED)
-        .map(|(ns, names)| format!("kubectl delete pod -n {ns} {}", names.join(" ")))
-        .collect();
-    let more = by_namespace.len().saturating_sub(NAMED);
-    let more = if more > 0 { format!("; and {more} more namespaces in -o json") } else { String::new() };
+    // At most NAMED names in all, so that the line is never cut mid-command.
+    let mut deletes = Vec::new();
+    let mut named = 0;
+    for (ns, names) in &by_namespace {
+        let room = NAMED.saturating_sub(named);
+        if room == 0 {
+            break;
+        }
+        named += names.len().min(room);
+        deletes.push(format!("kubectl delete pod -n {ns} {}", names[..names.len().min(room)].join(" ")));
+    }
+    let more =
+        if users.len() > named { format!("; and {} more in -o json", users.len() - named) } else { String::new() };
     Check::new(
         "in-use",
         Status::Fail,
@@ -87,8 +110,8 @@ pub fn in_use(driver: &str, users: &[VolumeUser]) -> Check {
         details,
     )
     .with_fix(format!(
-        "delete them (or scale their workloads to 0) first: {}{more}; or uninstall anyway with helm uninstall \
-         --no-hooks",
+        "delete them (or scale their workloads to 0) first, or uninstall anyway (they then stay Terminating) with \
+         helm uninstall --no-hooks: {}{more}",
         deletes.join("; ")
     ))
 }
@@ -142,9 +165,9 @@ mod tests {
         assert_eq!(
             check.fix.as_deref(),
             Some(
-                "delete them (or scale their workloads to 0) first: kubectl delete pod -n hpc queued; \
-                 kubectl delete pod -n ml t-0 t-1 t-2 t-3 t-4 t-5 t-6 t-7 t-8 t-9 t-10; \
-                 or uninstall anyway with helm uninstall --no-hooks"
+                "delete them (or scale their workloads to 0) first, or uninstall anyway (they then stay Terminating) \
+                 with helm uninstall --no-hooks: kubectl delete pod -n hpc queued; \
+                 kubectl delete pod -n ml t-0 t-1 t-2 t-3 t-4 t-5 t-6 t-7 t-8; and 2 more in -o json"
             )
         );
         assert_eq!(check.details["pods"].as_array().map(Vec::len), Some(12));

@@ -14,11 +14,16 @@ app.kubernetes.io/name: drafs-webhook
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "drafs.labels" -}}
-{{ include "drafs.selectorLabels" . }}
+{{/* What every object of the release carries besides its name and instance. */}}
+{{- define "drafs.commonLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "drafs.labels" -}}
+{{ include "drafs.selectorLabels" . }}
+{{ include "drafs.commonLabels" . }}
 {{- end -}}
 
 {{/* One image for the webhook and for the container it injects. */}}
@@ -110,18 +115,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "drafs.nodeLabels" -}}
 {{ include "drafs.nodeSelectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{ include "drafs.commonLabels" . }}
 {{- end -}}
 
 {{/* The uninstall guard's: its own name, so that no workload's selector adopts its pod. */}}
 {{- define "drafs.uninstallGuardLabels" -}}
 app.kubernetes.io/name: drafs-uninstall-guard
 app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{ include "drafs.commonLabels" . }}
 {{- end -}}
 
 {{/* host:port from (list host port), an IPv6 host in brackets. */}}
