@@ -166,6 +166,19 @@ impl Report {
     }
 }
 
+/// Names (nodes, pods) a message gives at most; the rest are counted (all
+/// are in the check's details).
+const NAMED: usize = 10;
+
+/// The first [`NAMED`] of `names`, and how many more.
+fn named<T: AsRef<str>>(names: &[T]) -> String {
+    let mut out = names.iter().take(NAMED).map(AsRef::as_ref).collect::<Vec<_>>().join(", ");
+    if names.len() > NAMED {
+        out.push_str(&format!(" and {} more", names.len() - NAMED));
+    }
+    out
+}
+
 /// The most characters of one check's message on a terminal.
 const MAX_MESSAGE: usize = 2048;
 

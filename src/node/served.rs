@@ -501,14 +501,11 @@ impl<M: Mounts> Served<M> {
             )),
             AtTarget::Nothing => {
                 std::fs::create_dir_all(target).map_err(|e| internal("create", target, e))?;
-                self.mounts.mount_tmpfs(target, room, selinux_context).map_err(|e| match selinux_context {
-                    Some(label) => internal(
-                        &format!("mount a tmpfs labelled {label:?} (the kubelet's SELinux context) at"),
-                        target,
-                        e,
-                    ),
-                    None => internal("mount a tmpfs at", target, e),
-                })?;
+                let what = match selinux_context {
+                    Some(label) => format!("mount a tmpfs labelled {label:?} (the kubelet's SELinux context) at"),
+                    None => "mount a tmpfs at".into(),
+                };
+                self.mounts.mount_tmpfs(target, room, selinux_context).map_err(|e| internal(&what, target, e))?;
                 Ok(true)
             }
         }

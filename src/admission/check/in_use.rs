@@ -9,11 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::{Check, Status};
-
-/// Pods named in the message at most (the rest are counted; all are in the
-/// details).
-const NAMED: usize = 10;
+use super::{Check, NAMED, Status, named};
 
 /// A pod with a volume of the driver that has not finished.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,34 +64,30 @@ pub fn in_use(driver: &str, users: &[VolumeUser]) -> Check {
     if users.is_empty() {
         return Check::new("in-use", Status::Ok, format!("no pod uses a volume of {driver}"), details);
     }
-    let mut pods: Vec<String> = users
+    let pods: Vec<String> = users
         .iter()
-        .take(NAMED)
         .map(|u| match u.node.as_str() {
             "" => format!("{}/{} (not scheduled)", u.namespace, u.name),
             node => format!("{}/{} on {node}", u.namespace, u.name),
         })
         .collect();
-    if users.len() > NAMED {
-        pods.push(format!("{} more", users.len() - NAMED));
-    }
     let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for u in users {
         by_namespace.entry(&u.namespace).or_default().push(&u.name);
     }
     // At most NAMED names in all, so that the line is never cut mid-command.
     let mut deletes = Vec::new();
-    let mut named = 0;
+    let mut in_fix = 0;
     for (ns, names) in &by_namespace {
-        let room = NAMED.saturating_sub(named);
+        let room = NAMED.saturating_sub(in_fix);
         if room == 0 {
             break;
         }
-        named += names.len().min(room);
+        in_fix += names.len().min(room);
         deletes.push(format!("kubectl delete pod -n {ns} {}", names[..names.len().min(room)].join(" ")));
     }
     let more =
-        if users.len() > named { format!("; and {} more in -o json", users.len() - named) } else { String::new() };
+        if users.len() > in_fix { format!("; and {} more in -o json", users.len() - in_fix) } else { String::new() };
     Check::new(
         "in-use",
         Status::Fail,
@@ -105,7 +97,7 @@ pub fn in_use(driver: &str, users: &[VolumeUser]) -> Check {
             users.len(),
             if users.len() == 1 { "" } else { "s" },
             if users.len() == 1 { "s" } else { "" },
-            pods.join(", ")
+            named(&pods)
         ),
         details,
     )
@@ -161,7 +153,7 @@ mod tests {
         let check = in_use("drafs.dev", &users);
         assert_eq!(check.status, Status::Fail);
         assert!(check.message.starts_with("12 pods use a volume of drafs.dev: ml/t-0 on n1, "), "{}", check.message);
-        assert!(check.message.contains(", 2 more. Without its agent"), "{}", check.message);
+        assert!(check.message.contains("ml/t-9 on n1 and 2 more. Without its agent"), "{}", check.message);
         assert_eq!(
             check.fix.as_deref(),
             Some(

@@ -8,11 +8,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::{Check, Status};
+use super::{Check, Status, named};
 use crate::admission::manifests::Grant;
-
-/// Nodes named in a message at most; the rest are counted (all are in the details).
-const NAMED: usize = 10;
 
 /// The CSIDriver's annotation naming the DaemonSet of its agents
 /// (`NAMESPACE/NAME`, the chart writes it): only cluster administrators
@@ -206,15 +203,6 @@ pub fn nri(enabled: bool, statuses: &[(String, Result<Value, String>)]) -> Check
     }
     let status = if no_socket.is_empty() && unknown.is_empty() { Status::Ok } else { Status::Warn };
     Check::new("nri", status, format!("drafs node {}", parts.join("; ")), details)
-}
-
-/// The first [`NAMED`] names, and how many more.
-fn named(list: &[&str]) -> String {
-    let mut out = list.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
-    if list.len() > NAMED {
-        out.push_str(&format!(" and {} more", list.len() - NAMED));
-    }
-    out
 }
 
 /// One service account whose pods use the volume, and what the access

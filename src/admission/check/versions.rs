@@ -8,12 +8,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::{Check, Status};
+use super::{Check, NAMED, Status, named};
 use crate::model::names::DRAFS_CONTAINER;
-
-/// Pods and commands named in the message at most (the rest are counted;
-/// all are in the details).
-const NAMED: usize = 10;
 
 /// A pod whose drafs is not the installed one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,11 +83,7 @@ pub fn versions(installed: &str, current: usize, stale: &[StalePod]) -> Check {
         };
         return Check::new("versions", Status::Ok, message, details);
     }
-    let mut pods: Vec<String> =
-        stale.iter().take(NAMED).map(|p| format!("{}/{} ({})", p.namespace, p.name, p.image)).collect();
-    if stale.len() > NAMED {
-        pods.push(format!("{} more", stale.len() - NAMED));
-    }
+    let pods: Vec<String> = stale.iter().map(|p| format!("{}/{} ({})", p.namespace, p.name, p.image)).collect();
     let rolls: BTreeSet<&str> = stale.iter().map(|p| p.roll.as_str()).collect();
     let mut fix: Vec<&str> = rolls.iter().take(NAMED).copied().collect();
     let more = rolls.len().saturating_sub(NAMED);
@@ -104,7 +96,7 @@ pub fn versions(installed: &str, current: usize, stale: &[StalePod]) -> Check {
             "{} of {} pods with drafs run another drafs than the installed {installed}: {}",
             stale.len(),
             stale.len() + current,
-            pods.join(", ")
+            named(&pods)
         ),
         details,
     )
@@ -174,7 +166,7 @@ mod tests {
             "{}",
             check.message
         );
-        assert!(check.message.ends_with(", 2 more"), "{}", check.message);
+        assert!(check.message.ends_with("trainer-9 (drafs:0.1.0) and 2 more"), "{}", check.message);
         assert_eq!(check.fix.as_deref(), Some("kubectl rollout restart deployment/trainer -n ml"));
         assert_eq!(check.details["stale"].as_array().map(Vec::len), Some(12));
         let fine = versions(installed, 3, &[]);

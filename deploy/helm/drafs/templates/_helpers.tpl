@@ -137,6 +137,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost")) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The pod securityContext of the chart's non-root pods (restricted): the
+image's user, except on OpenShift, where restricted-v2 assigns the namespace's. */}}
+{{- define "drafs.restrictedPodSecurity" -}}
+runAsNonRoot: true
+{{- if not (include "drafs.openshift" .) }}
+runAsUser: 65532
+runAsGroup: 65532
+{{- end }}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* Their containers' securityContext (restricted). */}}
+{{- define "drafs.restrictedContainerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+{{- end -}}
+
 {{/* "true" on OpenShift: openshift true, or auto where the cluster serves security.openshift.io/v1. */}}
 {{- define "drafs.openshift" -}}
 {{- $o := .Values.openshift -}}
